@@ -1,0 +1,43 @@
+# The front door: every routine action is one target. `make` lists them.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+DEV := $(VENV)/dev/bin/python
+SERVICES := asr llm tts
+
+.DEFAULT_GOAL := help
+.PHONY: help setup protos run test lint serve-asr serve-llm serve-tts clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: ## build the four virtualenvs (dev + one per service) and generate protos; a second run does nothing
+	@PYTHON=$(PYTHON) tools/make_venv.sh dev requirements/dev.txt
+	@for s in $(SERVICES); do PYTHON=$(PYTHON) tools/make_venv.sh $$s services/$$s/requirements.txt || exit 1; done
+	@$(MAKE) --no-print-directory protos
+
+protos: ## generate the gRPC stubs in voiceagent/v1/ from protos/ (never edit the output)
+	@mkdir -p voiceagent/v1
+	@$(DEV) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. protos/voiceagent/v1/*.proto
+	@echo "protos: generated $$(ls voiceagent/v1/*_pb2*.py | wc -l) modules in voiceagent/v1/"
+
+run: setup ## start the three services on their CPU presets (Ctrl-C stops them)
+	@tools/run_services.sh
+
+test: ## set up if needed, then lint and run every test suite, timing each stage
+	@tools/test.sh
+
+lint: ## ruff over everything but generated code
+	@$(VENV)/dev/bin/ruff check . && $(VENV)/dev/bin/ruff format --check .
+
+serve-asr: ## run the ASR service in the foreground
+	@$(VENV)/asr/bin/python -m services.asr
+
+serve-llm: ## run the LLM service in the foreground
+	@$(VENV)/llm/bin/python -m services.llm
+
+serve-tts: ## run the TTS service in the foreground
+	@$(VENV)/tts/bin/python -m services.tts
+
+clean: ## remove virtualenvs, generated code and reports
+	rm -rf $(VENV) voiceagent/v1 reports

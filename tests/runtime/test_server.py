@@ -1,0 +1,127 @@
+"""The shared runtime over real channels: health lifecycle, reflection, metrics, SIGTERM drain, info."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from tests.harness import start_service, venv_python
+from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_health_is_not_serving_until_the_engine_has_loaded():
+    service = start_service("tests.runtime.paced_service", venv_python("dev"), ["--load-s", "4"])
+    try:
+        assert service.health() == NOT_SERVING
+        assert service.health("voiceagent.v1.SpeechSynthesizer") == NOT_SERVING
+        service.wait_serving(60)
+        assert service.health() == SERVING
+        assert service.health("voiceagent.v1.SpeechSynthesizer") == SERVING
+    finally:
+        assert service.terminate() == 0
+
+
+def test_reflection_lists_the_services(paced):
+    with grpc.insecure_channel(paced.address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {service.name for service in next(responses).list_services_response.service}
+    assert {
+        "voiceagent.v1.SpeechSynthesizer",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= names
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        named = line.startswith(name + "{") or line.startswith(name + " ")
+        if named and all(f'{key}="{value}"' in line for key, value in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} {labels} not exported")
+
+
+def test_metrics_endpoint_serves_rpc_histograms_with_voice_buckets(paced):
+    before = _scrape(paced.metrics_url)
+    assert _sample(before, "voiceagent_paced_rpc_requests_total", method="Synthesize", code="INVALID_ARGUMENT") == 0
+    count_before = _sample(before, "voiceagent_paced_rpc_duration_seconds_count", method="Synthesize", code="OK")
+    with grpc.insecure_channel(paced.address) as channel:
+        chunks = list(tts_pb2_grpc.SpeechSynthesizerStub(channel).Synthesize(tts_pb2.SynthesizeRequest(text="abc")))
+    assert len(chunks) == 3
+    after = _scrape(paced.metrics_url)
+    assert _sample(after, "voiceagent_paced_rpc_duration_seconds_count", method="Synthesize", code="OK") == (
+        count_before + 1
+    )
+    buckets = re.findall(r'voiceagent_paced_rpc_duration_seconds_bucket\{.*?le="([^"]+)".*?method="Synthesize"', after)
+    bounds = sorted({float(b) for b in buckets if b != "+Inf"})
+    assert bounds[0] == 0.001 and bounds[-1] == 10.0
+    # Three chunks 100 ms apart: the observation lands in the 0.3-0.5 s bucket, not the first one.
+    assert _sample(after, "voiceagent_paced_rpc_duration_seconds_bucket", method="Synthesize", code="OK", le="0.2") == (
+        _sample(before, "voiceagent_paced_rpc_duration_seconds_bucket", method="Synthesize", code="OK", le="0.2")
+    )
+    assert _sample(after, "voiceagent_paced_device_memory_bandwidth_bytes_per_second") > 0
+
+
+def test_sigterm_drains_an_in_flight_stream_and_refuses_new_ones():
+    service = start_service("tests.runtime.paced_service", venv_python("dev"), ["--load-s", "0", "--grace-s", "20"])
+    service.wait_serving(60)
+    received: list[tts_pb2.AudioChunk] = []
+    errors: list[grpc.RpcError] = []
+    channel = grpc.insecure_channel(service.address)
+    stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
+
+    def consume():
+        try:
+            for chunk in stub.Synthesize(tts_pb2.SynthesizeRequest(text="x" * 20), timeout=30):
+                received.append(chunk)
+        except grpc.RpcError as error:
+            errors.append(error)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    while len(received) < 3:
+        time.sleep(0.02)
+    started_stop = time.monotonic()
+    service.proc.send_signal(15)
+    time.sleep(0.3)
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.GetInfo(common_pb2.InfoRequest(), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    consumer.join(30)
+    assert service.proc.wait(30) == 0
+    assert not errors, errors
+    assert [chunk.chunk_index for chunk in received] == list(range(20))
+    assert received[-1].is_last
+    assert time.monotonic() - started_stop < 10
+    assert "paced: engine closed" in service.output()
+    channel.close()
+
+
+def test_info_reports_device_ceilings_within_physical_limits(paced):
+    with grpc.insecure_channel(paced.address) as channel:
+        info = tts_pb2_grpc.SpeechSynthesizerStub(channel).GetInfo(common_pb2.InfoRequest(), timeout=5)
+    ceilings = info.ceilings
+    assert ceilings.device == "cpu" and ceilings.device_name
+    # A CPU socket reads well under 1 TB/s and multiplies well under 100 TFLOP/s; a real probe is above 1 GB/s.
+    assert 1e9 < ceilings.memory_bandwidth_bytes_per_s < 1e12
+    assert 1e9 < ceilings.peak_flops_per_s < 1e14
+    assert ceilings.ridge_flops_per_byte == pytest.approx(
+        ceilings.peak_flops_per_s / ceilings.memory_bandwidth_bytes_per_s
+    )
+    assert 0 < ceilings.probe_s < 15
+    assert info.service == "paced" and info.limits["max_streams"] == 1

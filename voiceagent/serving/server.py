@@ -1,0 +1,134 @@
+"""Server bootstrap shared by the three services: one asyncio gRPC server with health, reflection,
+metrics and graceful shutdown around whatever servicer a service registers.
+
+Lifecycle: bind and listen (health NOT_SERVING) → measure device ceilings → load and warm the engine →
+SERVING. On SIGTERM or SIGINT: NOT_SERVING, refuse new RPCs, give in-flight streams `grace_s` to finish,
+then close the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings, measure_ceilings
+from voiceagent.serving.config import ServingConfig
+from voiceagent.serving.metrics import RpcMetricsInterceptor, service_metrics, start_metrics_endpoint
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 << 20  # a minute of float32 audio at 48 kHz is 11 MB
+
+
+class Service(Protocol):
+    """What a service gives the runtime: its servicers, and an engine to start and stop."""
+
+    name: str  # "asr", "llm" or "tts": metric names and log lines
+    service_names: tuple[str, ...]  # full proto service names, for health and reflection
+    methods: tuple[str, ...]  # RPC method names, for metric label initialisation
+    dtype: str  # dtype the engine computes in; the matmul peak is measured in it
+
+    def add_to_server(self, server: grpc.aio.Server) -> None: ...
+
+    async def start(self, ceilings: DeviceCeilings) -> None:
+        """Load the engine and warm it up; the service turns SERVING when this returns."""
+
+    async def stop(self) -> None:
+        """Release the engine after the server stopped taking RPCs."""
+
+
+class Server:
+    """One service's gRPC server, health, reflection and metrics endpoint."""
+
+    def __init__(self, service: Service, config: ServingConfig):
+        self.service = service
+        self.config = config
+        self.metrics = service_metrics(service.name)
+        self.metrics.init_methods(service.methods)
+        self.grpc = grpc.aio.server(
+            interceptors=[RpcMetricsInterceptor(self.metrics)],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        service.add_to_server(self.grpc)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        reflection.enable_server_reflection(
+            (*service.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc
+        )
+        self.port = self.grpc.add_insecure_port(f"{config.host}:{config.port}")
+        self.metrics_port = 0
+        self._metrics_server = None
+        self.ceilings = UNMEASURED
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", *self.service.service_names):
+            await self.health.set(name, status)
+
+    async def start(self) -> None:
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.grpc.start()
+        self._metrics_server, self.metrics_port = start_metrics_endpoint(self.config.host, self.config.metrics_port)
+        print(
+            f"{self.service.name}: gRPC listening on {self.config.host}:{self.port}, "
+            f"metrics on http://{self.config.host}:{self.metrics_port}/metrics",
+            flush=True,
+        )
+        if self.config.probe_ceilings:
+            self.ceilings = await asyncio.to_thread(measure_ceilings, self.config.device, self.service.dtype)
+            self.metrics.set_ceilings(self.ceilings)
+            log.info(
+                "%s ceilings: %.1f GB/s read, %.1f GFLOP/s %s (ridge %.1f FLOP/byte)",
+                self.ceilings.device_name,
+                self.ceilings.memory_bandwidth_bytes_per_s / 1e9,
+                self.ceilings.peak_flops_per_s / 1e9,
+                self.ceilings.dtype,
+                self.ceilings.ridge_flops_per_byte,
+            )
+        await self.service.start(self.ceilings)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        print(f"{self.service.name}: SERVING", flush=True)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        grace_s = self.config.grace_s if grace_s is None else grace_s
+        await self.health.enter_graceful_shutdown()
+        await self.grpc.stop(grace_s)
+        await self.service.stop()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        print(f"{self.service.name}: stopped", flush=True)
+
+
+async def serve(service: Service, config: ServingConfig) -> None:
+    """Run `service` until SIGTERM or SIGINT, then drain in-flight streams and stop."""
+    server = Server(service, config)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    starting = asyncio.create_task(server.start())
+    waiting = asyncio.create_task(stopping.wait())
+    done, _ = await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    if starting in done:
+        starting.result()  # start-up errors surface here
+        await waiting
+    else:
+        starting.cancel()
+    print(f"{service.name}: draining (grace {config.grace_s:g} s)", flush=True)
+    await server.stop()
+
+
+def run(service: Service, config: ServingConfig) -> None:
+    """Entry point of `python -m services.<name>`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(service, config))
