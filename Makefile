@@ -6,7 +6,7 @@ DEV := $(VENV)/dev/bin/python
 SERVICES := asr llm tts
 
 .DEFAULT_GOAL := help
-.PHONY: help setup protos run test lint serve-asr serve-llm serve-tts clean
+.PHONY: help setup protos run test lint serve-asr serve-llm serve-tts clean bench-llm bench-asr bench-tts
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -41,3 +41,12 @@ serve-tts: ## run the TTS service in the foreground
 
 clean: ## remove virtualenvs, generated code and reports
 	rm -rf $(VENV) voiceagent/v1 reports
+
+bench-llm: ## benchmark: LLM engine-direct vs gRPC service (prints a table)
+	@$(VENV)/llm/bin/python -m services.llm.benchmark
+
+bench-asr: ## benchmark: ASR real-time stream capacity per chunk size, cache-aware vs buffered vs engine-direct
+	@$(VENV)/asr/bin/python -m services.asr.benchmark
+
+bench-tts: ## benchmark: TTS service vs VoxCPM direct (first audio, RTF, throughput by workers)
+	@$(VENV)/tts/bin/python -m services.tts.benchmark
