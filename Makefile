@@ -16,9 +16,15 @@ setup: ## build the four virtualenvs (dev + one per service) and generate protos
 	@for s in $(SERVICES); do PYTHON=$(PYTHON) tools/make_venv.sh $$s services/$$s/requirements.txt || exit 1; done
 	@$(MAKE) --no-print-directory protos
 
-protos: ## generate the gRPC stubs in voiceagent/v1/ from protos/ (never edit the output)
-	@mkdir -p voiceagent/v1
+protos: voiceagent/v1/.generated ## generate the gRPC stubs in voiceagent/v1/ from protos/ (never edit the output)
+
+$(VENV)/dev/.stamp:
+	@PYTHON=$(PYTHON) tools/make_venv.sh dev requirements/dev.txt
+
+voiceagent/v1/.generated: $(wildcard protos/voiceagent/v1/*.proto) | $(VENV)/dev/.stamp
+	@rm -rf voiceagent/v1 && mkdir -p voiceagent/v1
 	@$(DEV) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. protos/voiceagent/v1/*.proto
+	@touch $@
 	@echo "protos: generated $$(ls voiceagent/v1/*_pb2*.py | wc -l) modules in voiceagent/v1/"
 
 run: setup ## start the three services on their CPU presets (Ctrl-C stops them)
