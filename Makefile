@@ -6,14 +6,13 @@ DEV := $(VENV)/dev/bin/python
 SERVICES := asr llm tts
 
 .DEFAULT_GOAL := help
-.PHONY: help setup protos run test lint serve-asr serve-llm serve-tts clean bench-llm bench-asr bench-tts
+.PHONY: help setup protos run serve sweep test lint serve-asr serve-llm serve-tts clean bench-llm bench-asr bench-tts
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 setup: ## build the four virtualenvs (dev + one per service) and generate protos; a second run does nothing
-	@PYTHON=$(PYTHON) tools/make_venv.sh dev requirements/dev.txt
-	@for s in $(SERVICES); do PYTHON=$(PYTHON) tools/make_venv.sh $$s services/$$s/requirements.txt || exit 1; done
+	@PYTHON=$(PYTHON) tools/setup.sh $(SERVICES)
 	@$(MAKE) --no-print-directory protos
 
 protos: voiceagent/v1/.generated ## generate the gRPC stubs in voiceagent/v1/ from protos/ (never edit the output)
@@ -27,8 +26,16 @@ voiceagent/v1/.generated: $(wildcard protos/voiceagent/v1/*.proto) | $(VENV)/dev
 	@touch $@
 	@echo "protos: generated $$(ls voiceagent/v1/*_pb2*.py | wc -l) modules in voiceagent/v1/"
 
-run: setup ## start the three services on their CPU presets (Ctrl-C stops them)
+run: setup ## the main job: start the services, sweep each and a voice turn, compare with vllm serve, report
+	@$(DEV) -m loadgen run
+
+serve: setup ## start the three services on their CPU presets and default ports (Ctrl-C stops them)
 	@tools/run_services.sh
+
+TARGET ?= llm
+CONCURRENCY ?= 1,2,4,8,16
+sweep: ## sweep running services: make sweep TARGET=asr|llm|tts|voice|openai CONCURRENCY=1,2,4 ARGS="--duration-s 20"
+	@$(DEV) -m loadgen sweep --target $(TARGET) --concurrency $(CONCURRENCY) $(ARGS)
 
 test: ## set up if needed, then lint and run every test suite, timing each stage
 	@tools/test.sh
