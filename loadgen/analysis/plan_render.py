@@ -1,0 +1,127 @@
+"""Markdown for the capacity plan: the report section and what `python -m loadgen plan` prints."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from loadgen.analysis.render import markdown_table
+
+if TYPE_CHECKING:
+    from loadgen.analysis.plan import CapacityPlan
+
+
+def _number(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.{digits}g}"
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f} s"
+
+
+def render_plan(plan: CapacityPlan) -> str:
+    s, o = plan.sessions, plan.objectives
+    lines = [
+        "## Capacity plan",
+        "",
+        f"For **{s.sessions} concurrent voice sessions**: the user speaks {s.speaking_share:.0%} of the time, the "
+        f"agent {s.listening_share:.0%}, at {s.tokens_per_audio_s:g} LLM tokens per second of reply. Objectives "
+        f"(p95): voice-to-voice {o.voice_to_voice_p95_s:g} s, ASR final {o.asr_final_p95_s:g} s, LLM TTFT "
+        f"{o.llm_ttft_p95_s:g} s, TTS first audio {o.tts_first_audio_p95_s:g} s"
+        + (", no playback underruns." if o.no_underruns else "; underruns allowed."),
+        "",
+    ]
+    rows = [
+        [
+            p.target,
+            p.variant,
+            f"{_number(p.demand)} {p.unit}",
+            f"C={p.operating_concurrency}" if p.operating_concurrency is not None else "none",
+            f"{_number(p.capacity_per_replica)} {p.unit}" if p.capacity_per_replica else "—",
+            f"**{p.replicas}**" if p.replicas else "—",
+            f"{p.headroom:.0%}" if p.headroom is not None else "—",
+            _seconds(p.latency_p95_s),
+            p.limited_by,
+        ]
+        for p in plan.services
+    ]
+    lines += markdown_table(
+        [
+            "service",
+            "sweep",
+            "demand",
+            "operating point per replica",
+            "capacity per replica",
+            "replicas",
+            "headroom",
+            "objective latency p95 there",
+            "limited by",
+        ],
+        rows,
+    )
+    lines.append("")
+    if plan.bottleneck:
+        lines.append(f"**Bottleneck: {plan.bottleneck}** — it needs the most replicas for its share of the work.")
+    if plan.voice_to_voice_p95_s is not None:
+        verdict = "meets" if plan.voice_to_voice_p95_s <= o.voice_to_voice_p95_s else "MISSES"
+        lines.append(
+            f"Voice-to-voice p95 ≤ {plan.voice_to_voice_p95_s:.3f} s (sum of the stages' p95s), which {verdict} the "
+            f"{o.voice_to_voice_p95_s:g} s objective."
+        )
+    lines += [
+        f"All objectives met: {'yes' if plan.meets_objectives else 'NO'}.",
+        f"Cross-check: {plan.voice_measured}.",
+        "",
+    ]
+    if plan.variants:
+        lines += ["### How the answer changes with the ASR chunk size and the TTS diffusion steps (measured)", ""]
+        lines += markdown_table(
+            ["service", "sweep", "operating point", "capacity per replica", "replicas", "all replicas", "bottleneck"]
+            + ["voice-to-voice p95", "objectives met"],
+            [
+                [
+                    v["service"],
+                    v["variant"],
+                    f"C={v['operating_concurrency']}" if v["operating_concurrency"] is not None else "none",
+                    f"{_number(v['capacity_per_replica'])} {v['unit']}" if v["capacity_per_replica"] else "—",
+                    str(v["replicas"] or "—"),
+                    str(v["total_replicas"]),
+                    v["bottleneck"] or "—",
+                    _seconds(v["voice_to_voice_p95_s"]),
+                    "yes" if v["meets_objectives"] else "no",
+                ]
+                for v in plan.variants
+            ],
+        )
+        lines.append("")
+    if plan.predicted_variants:
+        lines += [
+            "### Predicted for other settings (not measured)",
+            "",
+            "Bound: the roofline on the measured ceilings (capped by the admission limit). Estimate: corrected by "
+            "what the measured sweep showed the roofline leaves out (ASR: its overhead per step and per stream; "
+            "TTS: its efficiency against the roofline).",
+            "",
+        ]
+        lines += markdown_table(
+            ["service", "setting", "bound per replica", "estimate per replica", "estimated from"]
+            + ["replicas (bound / estimate)"],
+            [
+                [
+                    v["service"],
+                    v["setting"],
+                    f"{_number(v.get('predicted_capacity_per_replica'))} {v.get('unit', '')}".strip(),
+                    _number(v.get("estimated_capacity_per_replica")),
+                    v.get("estimate_basis", "—"),
+                    f"{v.get('replicas_at_bound') or '—'} / {v.get('replicas_at_estimate') or '—'}",
+                ]
+                for v in plan.predicted_variants
+            ],
+        )
+        notes = {v["note"] for v in plan.predicted_variants if v["setting"] == "—"}
+        lines += [*(f"- {note}" for note in sorted(notes)), ""]
+    lines += ["### Assumptions", "", *[f"- {a}" for a in plan.assumptions], ""]
+    if plan.warnings or plan.missing:
+        lines += ["### Warnings and what is missing", "", *[f"- {w}" for w in plan.warnings + plan.missing], ""]
+    return "\n".join(lines)
