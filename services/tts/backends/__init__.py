@@ -1,0 +1,1 @@
+"""Engines behind the TTS backend contract: one module per engine."""

@@ -1,0 +1,102 @@
+"""TTS service settings (`TTS_<FIELD>` / `--field`) and the named model presets kept in presets/.
+
+A preset is a VoxCPM2 `config.json` (the checkpoint format) built with synthetic weights; `checkpoint` points
+at a real VoxCPM checkpoint directory instead and wins over `preset`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from voiceagent.serving.config import ServingConfig, require
+
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+PRESETS = tuple(sorted(path.stem for path in PRESETS_DIR.glob("*.json")))
+
+NATIVE_SAMPLE_RATE_HZ = 48_000
+OUTPUT_SAMPLE_RATES_HZ = (16_000, 24_000, 48_000)
+# Bounds a request may ask for: fewer than 1 diffusion step is no sampling, more than 50 buys nothing audible
+# on VoxCPM2 (trained with 10) and only burns compute; cfg outside [0, 10] produces clipped garbage.
+TIMESTEPS_RANGE = (1, 50)
+CFG_RANGE = (0.0, 10.0)
+
+
+def preset_path(name: str) -> Path:
+    return PRESETS_DIR / f"{name}.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class TTSConfig(ServingConfig):
+    """Streaming text-to-speech on VoxCPM2."""
+
+    port: int = dataclasses.field(default=50053, metadata={"help": "gRPC port (0 = any free port)"})
+    metrics_port: int = dataclasses.field(default=9093, metadata={"help": "Prometheus /metrics port"})
+    preset: str = dataclasses.field(
+        default="small", metadata={"help": f"model shape with synthetic weights: {', '.join(PRESETS)}"}
+    )
+    checkpoint: str = dataclasses.field(
+        default="", metadata={"help": "VoxCPM checkpoint directory (config.json, tokenizer, safetensors)"}
+    )
+    weight_seed: int = dataclasses.field(default=0, metadata={"help": "seed of the synthetic weights"})
+    workers: int = dataclasses.field(
+        default=1, metadata={"help": "model instances; each serves one request at a time (VoxCPM has no batching)"}
+    )
+    threads_per_worker: int = dataclasses.field(
+        default=1, metadata={"help": "torch intra-op threads per worker process (CPU)"}
+    )
+    max_queue: int = dataclasses.field(
+        default=8, metadata={"help": "requests that may wait for a worker; more get RESOURCE_EXHAUSTED"}
+    )
+    max_text_chars: int = dataclasses.field(default=2000, metadata={"help": "longest text one request may carry"})
+    inference_timesteps: int = dataclasses.field(
+        default=10, metadata={"help": "default diffusion steps per patch (requests may override)"}
+    )
+    cfg_value: float = dataclasses.field(default=2.0, metadata={"help": "default classifier-free guidance scale"})
+    patches_per_char: float = dataclasses.field(
+        default=0.4,
+        metadata={
+            "help": "speaking rate of synthetic weights (their stop head never fires): 0.4 patches = 64 ms per char"
+        },
+    )
+    max_patches: int = dataclasses.field(default=1500, metadata={"help": "cap on patches per text segment (4 min)"})
+    compile: bool = dataclasses.field(
+        default=False, metadata={"help": "torch.compile + CUDA graphs of VoxCPM's steps (CUDA only)"}
+    )
+    phrase_min_chars: int = dataclasses.field(
+        default=12, metadata={"help": "text-in streaming: shortest phrase cut at a comma-like boundary"}
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        require(
+            bool(self.checkpoint) or self.preset in PRESETS,
+            "preset",
+            f"must be one of {', '.join(PRESETS)}, got {self.preset!r}",
+        )
+        require(
+            not self.checkpoint or (Path(self.checkpoint) / "config.json").is_file(),
+            "checkpoint",
+            f"must be a directory with config.json, got {self.checkpoint!r}",
+        )
+        require(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
+        require(self.threads_per_worker >= 1, "threads_per_worker", f"must be >= 1, got {self.threads_per_worker}")
+        require(self.max_queue >= 0, "max_queue", f"must be >= 0, got {self.max_queue}")
+        require(self.max_text_chars >= 1, "max_text_chars", f"must be >= 1, got {self.max_text_chars}")
+        low, high = TIMESTEPS_RANGE
+        require(
+            low <= self.inference_timesteps <= high,
+            "inference_timesteps",
+            f"must be {low}..{high}, got {self.inference_timesteps}",
+        )
+        require(
+            CFG_RANGE[0] <= self.cfg_value <= CFG_RANGE[1], "cfg_value", f"must be in {CFG_RANGE}, got {self.cfg_value}"
+        )
+        require(self.patches_per_char > 0, "patches_per_char", f"must be > 0, got {self.patches_per_char}")
+        require(self.max_patches >= 4, "max_patches", f"must be >= 4, got {self.max_patches}")
+        require(not self.compile or self.device.startswith("cuda"), "compile", "needs a CUDA device")
+        require(self.phrase_min_chars >= 1, "phrase_min_chars", f"must be >= 1, got {self.phrase_min_chars}")
+
+    @property
+    def model_source(self) -> Path:
+        return Path(self.checkpoint) if self.checkpoint else preset_path(self.preset)

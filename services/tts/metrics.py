@@ -1,0 +1,56 @@
+"""The TTS service's domain metrics, declared once (default registry, `voiceagent_tts_*`).
+
+Model work (FLOPs, bytes, engine steps = patches) goes to the shared `service_metrics("tts").record_work`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from voiceagent.serving.metrics import LATENCY_BUCKETS_S
+
+PREFIX = "voiceagent_tts"
+METHODS = ("Synthesize", "StreamingSynthesize")
+# Real-time factor: generation time / audio duration. < 1 keeps up with playback.
+RTF_BUCKETS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class TTSMetrics:
+    def __init__(self) -> None:
+        self.time_to_first_audio = Histogram(
+            f"{PREFIX}_time_to_first_audio_seconds",
+            "From the first synthesisable text (request start, or first phrase of a text stream) to the first audio",
+            ["method"],
+            buckets=LATENCY_BUCKETS_S,
+        )
+        self.inter_chunk = Histogram(
+            f"{PREFIX}_inter_chunk_seconds",
+            "Gap between consecutive audio chunks of one response",
+            ["method"],
+            buckets=LATENCY_BUCKETS_S,
+        )
+        self.real_time_factor = Histogram(
+            f"{PREFIX}_real_time_factor",
+            "Per request: worker time spent generating / seconds of audio produced",
+            ["method"],
+            buckets=RTF_BUCKETS,
+        )
+        self.patches = Counter(f"{PREFIX}_patches", "Audio patches generated (160 ms each at 25 Hz latents)")
+        self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Seconds of audio produced")
+        self.segments = Counter(f"{PREFIX}_segments", "Text segments (phrases) synthesised", ["method"])
+        self.queue_seconds = Histogram(
+            f"{PREFIX}_queue_seconds", "Time a request waited for a free model worker", buckets=LATENCY_BUCKETS_S
+        )
+        self.busy_workers = Gauge(f"{PREFIX}_busy_workers", "Model workers serving a request")
+        self.workers = Gauge(f"{PREFIX}_workers", "Model workers (instances) in the pool")
+        self.queued_requests = Gauge(f"{PREFIX}_queued_requests", "Requests waiting for a model worker")
+        for method in METHODS:
+            for labelled in (self.time_to_first_audio, self.inter_chunk, self.real_time_factor, self.segments):
+                labelled.labels(method)
+
+
+@functools.cache
+def tts_metrics() -> TTSMetrics:
+    return TTSMetrics()

@@ -1,0 +1,229 @@
+"""SpeechSynthesizer over gRPC: protos ↔ SynthesisRequest / AudioPiece, input validation, admission errors,
+per-request metrics; also the `Service` the shared runtime starts and stops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+
+from services.tts.backend import QueueFullError, SpeechBackend, SynthesisRequest
+from services.tts.config import CFG_RANGE, NATIVE_SAMPLE_RATE_HZ, OUTPUT_SAMPLE_RATES_HZ, TIMESTEPS_RANGE, TTSConfig
+from services.tts.metrics import TTSMetrics, tts_metrics
+from services.tts.phrases import PhraseSplitter
+from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
+from voiceagent.serving.info import info_response
+from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
+
+_ENCODINGS = (common_pb2.AUDIO_ENCODING_UNSPECIFIED, common_pb2.AUDIO_ENCODING_PCM16, common_pb2.AUDIO_ENCODING_FLOAT32)
+
+
+class InvalidArgumentError(Exception):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+
+
+class _FirstText:
+    """Wraps a segment iterator and notes when the first segment became available (time-to-first-audio start)."""
+
+    def __init__(self, segments: AsyncIterator[str]):
+        self._segments = segments
+        self.at: float | None = None
+
+    async def __aiter__(self):
+        async for segment in self._segments:
+            if self.at is None:
+                self.at = time.perf_counter()
+            yield segment
+
+
+class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
+    name = "tts"
+    service_names = ("voiceagent.v1.SpeechSynthesizer",)
+    methods = ("Synthesize", "StreamingSynthesize", "GetInfo")
+
+    def __init__(self, config: TTSConfig, backend: SpeechBackend | None = None, metrics: TTSMetrics | None = None):
+        self.config = config
+        self.metrics = metrics or tts_metrics()
+        if backend is None:
+            from services.tts.backends.voxcpm import VoxCPMBackend
+
+            backend = VoxCPMBackend(config, self.metrics)
+        self.backend = backend
+        model_config = config.model_source / "config.json" if config.checkpoint else config.model_source
+        self.dtype = json.loads(model_config.read_text()).get("dtype", "float32")
+        self.ceilings: DeviceCeilings = UNMEASURED
+
+    # -- runtime lifecycle -------------------------------------------------
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        tts_pb2_grpc.add_SpeechSynthesizerServicer_to_server(self, server)
+
+    async def start(self, ceilings: DeviceCeilings) -> None:
+        self.ceilings = ceilings
+        await self.backend.start()
+
+    async def stop(self) -> None:
+        await self.backend.stop()
+
+    # -- validation --------------------------------------------------------
+    def _check_text_length(self, chars: int) -> None:
+        if chars > self.config.max_text_chars:
+            raise InvalidArgumentError("text", f"{chars} characters exceed max_text_chars {self.config.max_text_chars}")
+
+    def _request(self, config: tts_pb2.SynthesisConfig, segments: AsyncIterator[str]) -> SynthesisRequest:
+        if config.sample_rate_hz not in (0, *OUTPUT_SAMPLE_RATES_HZ):
+            raise InvalidArgumentError(
+                "config.sample_rate_hz",
+                f"{config.sample_rate_hz} not supported; use 0 (native) or {OUTPUT_SAMPLE_RATES_HZ}",
+            )
+        if config.encoding not in _ENCODINGS:
+            raise InvalidArgumentError("config.encoding", f"{config.encoding} is not PCM16 or FLOAT32")
+        if config.voice:
+            raise InvalidArgumentError("config.voice", "only the default voice (empty) is served")
+        timesteps = self.config.inference_timesteps
+        if config.HasField("inference_timesteps"):
+            timesteps = config.inference_timesteps
+            if not TIMESTEPS_RANGE[0] <= timesteps <= TIMESTEPS_RANGE[1]:
+                raise InvalidArgumentError("config.inference_timesteps", f"{timesteps} outside {TIMESTEPS_RANGE}")
+        cfg_value = self.config.cfg_value
+        if config.HasField("cfg_value"):
+            cfg_value = config.cfg_value
+            if not (math.isfinite(cfg_value) and CFG_RANGE[0] <= cfg_value <= CFG_RANGE[1]):
+                raise InvalidArgumentError("config.cfg_value", f"{cfg_value} outside {CFG_RANGE}")
+        return SynthesisRequest(
+            request_id=config.request_id or uuid.uuid4().hex,
+            segments=segments,
+            sample_rate_hz=config.sample_rate_hz or NATIVE_SAMPLE_RATE_HZ,
+            pcm16=config.encoding == common_pb2.AUDIO_ENCODING_PCM16,
+            inference_timesteps=timesteps,
+            cfg_value=cfg_value,
+            seed=config.seed if config.HasField("seed") else secrets.randbits(63),
+        )
+
+    # -- RPCs --------------------------------------------------------------
+    async def Synthesize(self, request: tts_pb2.SynthesizeRequest, context) -> AsyncIterator[tts_pb2.AudioChunk]:
+        async def whole_text():
+            yield request.text
+
+        try:
+            if not request.text.strip():
+                raise InvalidArgumentError("text", "must not be empty")
+            self._check_text_length(len(request.text))
+            synthesis = self._request(request.config, whole_text())
+        except InvalidArgumentError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        async for chunk in self._stream("Synthesize", synthesis, context):
+            yield chunk
+
+    async def StreamingSynthesize(self, request_iterator, context) -> AsyncIterator[tts_pb2.AudioChunk]:
+        first = await anext(aiter(request_iterator), None)
+        try:
+            if first is None or first.WhichOneof("request") != "config":
+                raise InvalidArgumentError("config", "the first message must carry the SynthesisConfig")
+            phrases: asyncio.Queue = asyncio.Queue()
+            synthesis = self._request(first.config, self._phrases(phrases))
+        except InvalidArgumentError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        reader = asyncio.create_task(self._read_text(request_iterator, phrases))
+        try:
+            async for chunk in self._stream("StreamingSynthesize", synthesis, context, reader):
+                yield chunk
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def GetInfo(self, request, context):
+        return info_response(self.name, self.backend.facts, self.ceilings, self.backend.limits)
+
+    # -- text-in streaming -------------------------------------------------
+    async def _read_text(self, request_iterator, phrases: asyncio.Queue) -> None:
+        """Cut incoming text into phrases and queue them; an invalid message ends the request with its error."""
+        splitter = PhraseSplitter(self.config.phrase_min_chars)
+        chars, queued = 0, 0
+        try:
+            async for message in request_iterator:
+                if message.WhichOneof("request") != "text":
+                    raise InvalidArgumentError("config", "sent twice: every message after the first carries text")
+                chars += len(message.text.text)
+                self._check_text_length(chars)
+                ready = splitter.feed(message.text.text)
+                if message.text.flush:
+                    ready += splitter.flush()
+                for phrase in ready:
+                    phrases.put_nowait(phrase)
+                queued += len(ready)
+            for phrase in splitter.flush():
+                phrases.put_nowait(phrase)
+                queued += 1
+            if not queued:
+                raise InvalidArgumentError("text", "must not be empty: the stream ended without text")
+            phrases.put_nowait(None)
+        except Exception as exc:  # ends the RPC: at the next phrase, or at the next audio piece (see _stream)
+            phrases.put_nowait(exc)
+            raise
+
+    @staticmethod
+    async def _phrases(phrases: asyncio.Queue) -> AsyncIterator[str]:
+        while (item := await phrases.get()) is not None:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    # -- audio out ---------------------------------------------------------
+    async def _stream(
+        self, method: str, request: SynthesisRequest, context, text_reader: asyncio.Task | None = None
+    ) -> AsyncIterator[tts_pb2.AudioChunk]:
+        metrics = self.metrics
+        first_text = _FirstText(request.segments)
+        request = dataclasses.replace(request, segments=aiter(first_text))
+        encoding = common_pb2.AUDIO_ENCODING_PCM16 if request.pcm16 else common_pb2.AUDIO_ENCODING_FLOAT32
+        rate = request.sample_rate_hz
+        index, offset, last_at, segments = 0, 0, 0.0, set()
+        try:
+            async with contextlib.aclosing(self.backend.synthesize(request)) as pieces:
+                async for piece in pieces:
+                    if text_reader is not None and text_reader.done() and text_reader.exception():
+                        raise text_reader.exception()  # bad text mid-stream stops the phrase being spoken
+                    now = time.perf_counter()
+                    if index == 0:
+                        metrics.time_to_first_audio.labels(method).observe(now - (first_text.at or now))
+                    elif piece.patches:
+                        metrics.inter_chunk.labels(method).observe(now - last_at)
+                    last_at = now
+                    metrics.patches.inc(piece.patches)
+                    metrics.audio_seconds.inc(piece.samples / rate)
+                    segments.add(piece.segment_index)
+                    yield tts_pb2.AudioChunk(
+                        request_id=request.request_id,
+                        audio=piece.audio,
+                        encoding=encoding,
+                        sample_rate_hz=rate,
+                        chunk_index=index,
+                        sample_offset=offset,
+                        offset_s=offset / rate,
+                        duration_s=piece.samples / rate,
+                        segment_index=piece.segment_index,
+                        is_last=piece.is_last,
+                        queue_s=piece.queue_s if index == 0 else 0.0,
+                    )
+                    index += 1
+                    offset += piece.samples
+                    if piece.is_last and offset:
+                        metrics.real_time_factor.labels(method).observe(piece.generation_s / (offset / rate))
+        except QueueFullError as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except InvalidArgumentError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except RuntimeError as exc:  # a worker failed or died; the pool replaces a dead one
+            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+        finally:
+            metrics.segments.labels(method).inc(len(segments))

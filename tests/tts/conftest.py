@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import dataclasses
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.tts.audio import decode_audio
+from tests.harness import running_service, venv_python
+from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
+
+# In-process reference models run like the service's workers: one torch thread (two only contend on 2 cores).
+torch.set_num_threads(1)
+
+# One worker and a one-request queue make admission, queueing and cancellation observable with few requests.
+TTS_ARGS = ["--preset", "tiny", "--workers", "1", "--max-queue", "1", "--max-text-chars", "500"]
+
+
+@pytest.fixture(scope="session")
+def tts():
+    """The TTS service on the tiny preset, SERVING, in its own process (tts environment)."""
+    with running_service("services.tts", venv_python("tts"), TTS_ARGS) as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def stub(tts):
+    with grpc.insecure_channel(tts.address) as channel:
+        yield tts_pb2_grpc.SpeechSynthesizerStub(channel)
+
+
+@dataclasses.dataclass
+class Response:
+    chunks: list[tts_pb2.AudioChunk]
+    arrivals: list[float]  # seconds after the call started
+    total_s: float
+
+    @property
+    def audio(self) -> np.ndarray:
+        return np.concatenate(
+            [decode_audio(c.audio, c.encoding == common_pb2.AUDIO_ENCODING_PCM16) for c in self.chunks]
+        )
+
+
+def collect(responses) -> Response:
+    started = time.perf_counter()
+    chunks, arrivals = [], []
+    for chunk in responses:
+        arrivals.append(time.perf_counter() - started)
+        chunks.append(chunk)
+    return Response(chunks, arrivals, time.perf_counter() - started)
+
+
+def synthesize(stub, text: str, **config) -> Response:
+    return collect(stub.Synthesize(tts_pb2.SynthesizeRequest(text=text, config=tts_pb2.SynthesisConfig(**config))))
+
+
+def scrape(url: str) -> list:
+    """Every sample the metrics endpoint serves, parsed by prometheus_client."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        families = text_string_to_metric_families(response.read().decode())
+    return [found for family in families for found in family.samples]
+
+
+def sample(samples: list, name: str, **labels: str) -> float:
+    for found in samples:
+        if found.name == name and labels.items() <= found.labels.items():
+            return found.value
+    raise AssertionError(f"{name} {labels} not exported")
