@@ -13,6 +13,7 @@ help: ## list the targets
 
 setup: ## build the four virtualenvs (dev + one per service) and generate protos; a second run does nothing
 	@PYTHON=$(PYTHON) tools/setup.sh $(SERVICES)
+	@tools/install_deploy_tools.sh
 	@$(MAKE) --no-print-directory protos
 
 protos: voiceagent/v1/.generated ## generate the gRPC stubs in voiceagent/v1/ from protos/ (never edit the output)

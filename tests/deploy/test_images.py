@@ -1,0 +1,69 @@
+"""The Dockerfiles pass hadolint and copy only what exists; service images run non-root, generate their protos,
+speak grpc.health.v1 in HEALTHCHECK and listen where compose and Kubernetes expect them."""
+
+from __future__ import annotations
+
+import glob
+import re
+
+import pytest
+
+from tests.deploy.tools import DEPLOY, REPO, SERVICES, run, tool
+
+DOCKERFILES = sorted((DEPLOY / "docker").glob("*/Dockerfile"))
+PORTS = {"asr": (50051, 9091), "llm": (50052, 9092), "tts": (50053, 9093)}
+
+
+def instructions(dockerfile) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def test_there_is_an_image_per_service_and_one_for_the_load_generator():
+    assert {path.parent.name for path in DOCKERFILES} == {*SERVICES, "loadgen"}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.parent.name)
+def test_hadolint_passes(dockerfile):
+    result = run(tool("hadolint"), str(dockerfile))
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.parent.name)
+def test_copied_files_exist_and_are_not_ignored(dockerfile):
+    ignore = dockerfile.with_name("Dockerfile.dockerignore").read_text().splitlines()
+    allowed = [line[1:].rstrip("/") for line in ignore if line.startswith("!")]
+    for instruction, arguments in instructions(dockerfile):
+        if instruction != "COPY" or arguments.startswith("--from"):
+            continue
+        *sources, _ = arguments.split()
+        # A glob source (post_install.s[h]) is optional; every plain one must exist.
+        matched = [source for source in sources if glob.glob(str(REPO / source))]
+        missing = [source for source in sources if source not in matched and not glob.has_magic(source)]
+        assert not missing, f"{dockerfile}: COPY {arguments}: {missing} do not exist"
+        for source in matched:
+            assert any(source.startswith(prefix) for prefix in allowed), f"{source} is excluded by .dockerignore"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_service_image_runs_non_root_with_a_grpc_health_check(service):
+    steps = instructions(DEPLOY / "docker" / service / "Dockerfile")
+    text = "\n".join(f"{i} {a}" for i, a in steps)
+    grpc_port, metrics_port = PORTS[service]
+    prefix = service.upper()
+    assert [a for i, a in steps if i == "USER"] == ["10001"]
+    assert "grpc_tools.protoc" in text, "protos must be generated in the build"
+    assert re.search(rf"HEALTHCHECK .*grpc_health_check\.py 127\.0\.0\.1:\${{{prefix}_PORT}}", text)
+    assert f"{prefix}_HOST=0.0.0.0" in text
+    assert f"{prefix}_PORT={grpc_port}" in text and f"{prefix}_METRICS_PORT={metrics_port}" in text
+    assert [a for i, a in steps if i == "ENTRYPOINT"] == [f'["python", "-m", "services.{service}"]']
+    assert not re.search(r"\.(safetensors|nemo|bin|pt|ckpt)\b", text), "weights are mounted, never baked in"
+
+
+def test_hadolint_rejects_an_unpinned_root_image(tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM python:latest\nRUN apt-get install curl\n")
+    result = run(tool("hadolint"), str(dockerfile))
+    assert result.returncode == 1 and "DL3007" in result.stdout and "DL3008" in result.stdout, result.stdout
