@@ -1,0 +1,38 @@
+"""Recognizer backends, one module per way of driving NeMo; `load_backend` builds the configured one."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.asr.backend import RecognizerBackend
+    from services.asr.config import AsrConfig
+
+
+def load_backend(config: AsrConfig) -> RecognizerBackend:
+    """Build the model (blocking: call it off the event loop) and wrap it in the configured backend."""
+    import torch
+
+    from services.asr.backends import fastconformer
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    model, source = fastconformer.build_model(
+        None if config.model_path else config.preset_file, config.model_path, config.seed
+    )
+    model = model.to(config.device)
+    common = dict(
+        source=source,
+        preset="" if config.model_path else config.preset,
+        max_streams=config.max_streams,
+        max_batch_streams=config.max_batch_streams,
+        record_dir=config.record_encoder_dir,
+        batch_wait_fraction=config.batch_wait_fraction,
+    )
+    if config.backend == "buffered":
+        from services.asr.backends.nemo_buffered import BufferedBackend
+
+        return BufferedBackend(model, window_ms=config.buffered_window_ms, **common)
+    from services.asr.backends.nemo_cache_aware import CacheAwareBackend
+
+    return CacheAwareBackend(model, **common)

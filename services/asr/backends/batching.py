@@ -1,0 +1,414 @@
+"""The batching loop both NeMo backends share: streams, one asyncio task per chunk size, one step at a time.
+
+Each task waits until some of its streams have a whole chunk of audio (or have ended), takes every ready
+stream (up to `max_batch_streams`) and runs ONE batched encoder + RNN-T decoder step over all of them in a
+worker thread. While a step runs, audio keeps arriving for other streams, so the next step is bigger: the
+batch grows with load on its own, without a timer. Steps are serialised by one device lock (two concurrent
+steps would only fight over the same cores or GPU). How a group is encoded — from per-stream caches or by
+re-encoding a window — is the subclass's `encode_group`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from services.asr import metrics
+from services.asr.backend import OfflineResult, RecognitionUpdate, StreamSettings
+from services.asr.backends import fastconformer as fc
+from voiceagent.serving.info import ModelFacts
+from voiceagent.serving.metrics import service_metrics
+
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class Stream:
+    """One client stream's state between steps: audio, mel frames, decoder hypothesis, cache slot."""
+
+    def __init__(self, settings: StreamSettings, context: list[int], features: fc.FeatureStream, slot: int):
+        self.settings = settings
+        self.context = context
+        self.features = features
+        self.feature_lock = threading.Lock()  # append (event loop) vs take (worker thread)
+        self.slot = slot
+        self.steps = 0
+        self.mel_consumed = 0  # mel frames the encoder has consumed
+        self.history = torch.zeros(features.mel_bins, 0)  # recent consumed mel frames (pre-encode cache / window)
+        self.pending = torch.zeros(features.mel_bins, 0)  # mel frames computed but not consumed yet
+        self.hypothesis = None  # NeMo Hypothesis carried between steps (decoder state, tokens so far)
+        self.token_ids: list[int] = []
+        self.closed = False
+        self.closed_at = 0.0
+        self.finished = False
+        self.abandoned = False  # the client went away; free the slot once no step holds it
+        self.in_step = False
+        self.arrivals: collections.deque[tuple[int, float]] = collections.deque()  # (total samples, time)
+        self.updates: asyncio.Queue = asyncio.Queue()
+        self.encoded: list[np.ndarray] = []  # kept only when recording encoder outputs
+
+    def append(self, audio: np.ndarray) -> None:
+        with self.feature_lock:
+            self.features.append(audio)
+        self.arrivals.append((self.features.total_samples, time.perf_counter()))
+
+    def mel_available(self) -> int:
+        return self.features.available(self.closed)
+
+    def take_features(self) -> None:
+        with self.feature_lock:
+            frames = self.features.take(self.closed)
+        self.pending = torch.cat((self.pending, frames), dim=1)
+
+    def arrival_of_sample(self, sample: int) -> float:
+        """When the audio up to `sample` had arrived (the end of the clip counts as arriving at half-close)."""
+        while len(self.arrivals) > 1 and self.arrivals[0][0] < sample:
+            self.arrivals.popleft()
+        if self.arrivals and self.arrivals[0][0] >= sample:
+            return self.arrivals[0][1]
+        return self.closed_at or time.perf_counter()
+
+
+@dataclasses.dataclass
+class GroupResult:
+    """What `encode_group` returns: encoder output [B, D, T], valid frames per stream, frames computed."""
+
+    encoded: torch.Tensor
+    lengths: list[int]
+    frames_computed: list[int]  # encoder frames the step computed for each stream ("each frame once")
+    flops: float
+    read_bytes: float
+
+
+class BatchingBackend:
+    """Streams, admission to cache slots, the per-chunk-size batching loops and delivery of hypotheses."""
+
+    name = "nemo"
+    with_cache = True
+
+    def __init__(
+        self,
+        model,
+        source: str,
+        preset: str,
+        max_streams: int,
+        max_batch_streams: int,
+        record_dir: str,
+        batch_wait_fraction: float = 0.0,
+    ):
+        self.model = model
+        self.source = source
+        self.preset = preset
+        self.max_streams = max_streams
+        self.max_batch_streams = max_batch_streams
+        self.batch_wait_fraction = batch_wait_fraction
+        self.record_dir = Path(record_dir) if record_dir else None
+        self.shape = fc.encoder_shape(model)
+        self.chunk_ms_choices = tuple(fc.supported_chunk_ms(model))
+        self.contexts = {chunk_ms: fc.context_for_chunk_ms(model, chunk_ms) for chunk_ms in self.chunk_ms_choices}
+        self.streams: dict[int, list[Stream]] = {chunk_ms: [] for chunk_ms in self.chunk_ms_choices}
+        self.wake = {chunk_ms: asyncio.Event() for chunk_ms in self.chunk_ms_choices}
+        self.free_slots = list(range(max_streams - 1, -1, -1))
+        self.slot_freed = asyncio.Event()
+        self.device_lock = asyncio.Lock()
+        self.loops: list[asyncio.Task] = []
+        self.work = service_metrics("asr")
+
+    # --- what subclasses provide -------------------------------------------------------------------------
+    def chunk_mel(self, stream: Stream) -> int:
+        """Mel frames the next step of `stream` consumes."""
+        raise NotImplementedError
+
+    def group_key(self, stream: Stream) -> tuple:
+        """Streams whose next steps can share one batched call have equal keys."""
+        return ()
+
+    def encode_group(self, streams: list[Stream], chunks: list[torch.Tensor]) -> GroupResult:
+        raise NotImplementedError
+
+    def reset_slot(self, slot: int, context: list[int]) -> None:
+        """Prepare `slot` for a new stream."""
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.to_thread(self.warm_up)
+        self.loops = [asyncio.create_task(self._batch_loop(chunk_ms)) for chunk_ms in self.chunk_ms_choices]
+
+    async def stop(self) -> None:
+        for task in self.loops:
+            task.cancel()
+        await asyncio.gather(*self.loops, return_exceptions=True)
+
+    def warm_up(self) -> None:
+        """One offline pass and one streamed clip per chunk size, so no first request pays for lazy setup."""
+        clip = np.random.default_rng(0).standard_normal(fc.SAMPLE_RATE).astype(np.float32) * 0.1
+        for chunk_ms in self.chunk_ms_choices:
+            self._offline(StreamSettings("warm-up", chunk_ms), clip)
+            stream = self._new_stream(StreamSettings("warm-up", chunk_ms, False))
+            stream.append(clip)
+            stream.closed = True
+            while stream.mel_consumed < stream.mel_available():
+                self._step([stream])
+            self.free_slots.append(stream.slot)
+
+    def facts(self) -> ModelFacts:
+        params = self.shape.encoder_params + self.shape.decoder_params
+        from nemo import __version__ as nemo_version
+
+        return ModelFacts(
+            backend=self.name,
+            engine_version=f"nemo {nemo_version}",
+            preset=self.preset or "checkpoint",
+            source=self.source,
+            synthetic_weights=self.preset != "",
+            parameter_count=params,
+            weight_bytes=params * self.shape.bytes_per_param,
+            dtype=str(next(self.model.parameters()).dtype).removeprefix("torch."),
+            device=str(next(self.model.parameters()).device),
+            shape=self.shape.as_facts(),
+        )
+
+    def limits(self) -> Mapping[str, float]:
+        return {
+            "max_streams": self.max_streams,
+            "max_batch_streams": self.max_batch_streams,
+            "batch_wait_fraction": self.batch_wait_fraction,
+        }
+
+    # --- streams -----------------------------------------------------------------------------------------
+    def _new_stream(self, settings: StreamSettings) -> Stream:
+        slot = self.free_slots.pop()
+        context = self.contexts[settings.chunk_ms]
+        self.reset_slot(slot, context)
+        return Stream(settings, context, fc.FeatureStream(self.model.preprocessor, self.shape.mel_bins), slot)
+
+    def _release(self, stream: Stream) -> None:
+        self.free_slots.append(stream.slot)
+        self.slot_freed.set()
+
+    async def recognize(self, settings: StreamSettings, audio: AsyncIterator[np.ndarray]):
+        # The servicer admits at most max_streams, but a slot whose client just left is freed only after the
+        # step holding it ends: wait that one step rather than fail.
+        while not self.free_slots:
+            self.slot_freed.clear()
+            await self.slot_freed.wait()
+        stream = self._new_stream(settings)
+        chunk_label = str(settings.chunk_ms)
+        self.streams[settings.chunk_ms].append(stream)
+        metrics.active_streams.labels(chunk_label).inc()
+        pump = asyncio.create_task(self._pump(stream, audio))
+        try:
+            while True:
+                update = await stream.updates.get()
+                if isinstance(update, BaseException):
+                    raise update
+                yield update
+                if update.is_final:
+                    return
+        finally:
+            pump.cancel()
+            self.streams[settings.chunk_ms].remove(stream)
+            metrics.active_streams.labels(chunk_label).dec()
+            if stream.in_step:
+                stream.abandoned = True  # the step in flight still writes this slot; free it afterwards
+            else:
+                self._release(stream)
+
+    async def _pump(self, stream: Stream, audio: AsyncIterator[np.ndarray]) -> None:
+        wake = self.wake[stream.settings.chunk_ms]
+        try:
+            async for piece in audio:
+                stream.append(piece)
+                wake.set()
+        except Exception as exc:  # malformed audio: hand it to the stream's reader
+            stream.updates.put_nowait(exc)
+            return
+        stream.closed = True
+        stream.closed_at = time.perf_counter()
+        wake.set()
+
+    def _ready(self, stream: Stream) -> bool:
+        if stream.finished or stream.in_step:
+            return False
+        available = stream.mel_available()
+        if stream.closed:
+            return True  # either a last (possibly short) chunk, or just the final hypothesis
+        return available >= stream.mel_consumed + self.chunk_mel(stream)
+
+    async def _gather_ready(self, chunk_ms: int) -> list[Stream]:
+        """The streams ready to step, after waiting up to `batch_wait_fraction` of a chunk for the others.
+
+        Streams' chunks complete at different moments; stepping each as soon as it is ready makes many small
+        steps, each paying the per-step overhead (every layer's kernels once per step). Waiting a bounded
+        fraction of the chunk lets the batch fill: latency spent for capacity."""
+        ready = [stream for stream in self.streams[chunk_ms] if self._ready(stream)]
+        waiting = [s for s in self.streams[chunk_ms] if not s.finished and not s.in_step]
+        if not ready or len(ready) >= min(len(waiting), self.max_batch_streams) or not self.batch_wait_fraction:
+            return ready
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.batch_wait_fraction * chunk_ms / 1000
+        wake = self.wake[chunk_ms]
+        while len(ready) < min(len(waiting), self.max_batch_streams) and (left := deadline - loop.time()) > 0:
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), left)
+            ready = [stream for stream in self.streams[chunk_ms] if self._ready(stream)]
+            waiting = [s for s in self.streams[chunk_ms] if not s.finished and not s.in_step]
+        return ready
+
+    async def _batch_loop(self, chunk_ms: int) -> None:
+        wake = self.wake[chunk_ms]
+        while True:
+            await wake.wait()
+            wake.clear()
+            while ready := await self._gather_ready(chunk_ms):
+                exhausted = [s for s in ready if s.closed and s.mel_available() == s.mel_consumed]
+                for stream in exhausted:
+                    self._finish(stream)
+                groups: dict[tuple, list[Stream]] = {}
+                for stream in ready:
+                    if not stream.finished:
+                        groups.setdefault(self.group_key(stream), []).append(stream)
+                for group in groups.values():
+                    batch = group[: self.max_batch_streams]
+                    for stream in batch:
+                        stream.in_step = True
+                    try:
+                        async with self.device_lock:
+                            updates = await asyncio.to_thread(self._step, batch)
+                    except Exception as exc:  # an engine failure fails these streams, not the service
+                        updates = [exc] * len(batch)
+                    for stream, update in zip(batch, updates, strict=True):
+                        stream.in_step = False
+                        if stream.abandoned:
+                            self._release(stream)
+                        elif isinstance(update, BaseException):
+                            stream.finished = True
+                            stream.updates.put_nowait(update)
+                        else:
+                            self._deliver(stream, update)
+
+    def _deliver(self, stream: Stream, update: RecognitionUpdate) -> None:
+        metrics.chunk_processing.labels(str(stream.settings.chunk_ms)).observe(update.processing_latency_s)
+        last = stream.closed and stream.mel_available() == stream.mel_consumed
+        if stream.settings.interim_results and not last:
+            stream.updates.put_nowait(update)
+        if last:
+            self._finish(stream, update)
+
+    def _finish(self, stream: Stream, last: RecognitionUpdate | None = None) -> None:
+        stream.finished = True
+        now = time.perf_counter()
+        metrics.final_latency.labels(str(stream.settings.chunk_ms)).observe(now - stream.closed_at)
+        if self.record_dir is not None:
+            self._record(stream.settings.request_id, "streaming", stream.encoded, stream.token_ids)
+        stream.updates.put_nowait(
+            RecognitionUpdate(
+                transcript=fc.detokenize(self.model, stream.token_ids),
+                token_ids=tuple(stream.token_ids),
+                is_final=True,
+                audio_processed_s=stream.mel_consumed * fc.HOP_SAMPLES / fc.SAMPLE_RATE,
+                processing_latency_s=now - stream.closed_at,
+                chunk_index=last.chunk_index if last else max(stream.steps - 1, 0),
+                encoder_frames=last.encoder_frames if last else 0,
+                batch_size=last.batch_size if last else 0,
+            )
+        )
+
+    # --- the step (worker thread) ------------------------------------------------------------------------
+    @torch.inference_mode()  # grad mode is per thread: the worker threads need it set themselves
+    def _step(self, streams: list[Stream]) -> list[RecognitionUpdate]:
+        started = time.perf_counter()
+        chunks = []
+        for stream in streams:
+            stream.take_features()
+            size = self.chunk_mel(stream)
+            chunks.append(stream.pending[:, :size])
+            stream.pending = stream.pending[:, size:]
+        result = self.encode_group(streams, chunks)
+        hypotheses = self.model.decoding.rnnt_decoder_predictions_tensor(
+            encoder_output=result.encoded,
+            encoded_lengths=torch.tensor(result.lengths),
+            return_hypotheses=True,
+            partial_hypotheses=[stream.hypothesis for stream in streams],
+        )
+        finished = time.perf_counter()
+        chunk_label = str(streams[0].settings.chunk_ms)
+        metrics.step_batch.labels(chunk_label).observe(len(streams))
+        metrics.step_duration.labels(chunk_label).observe(finished - started)
+        self.work.record_work(result.flops, result.read_bytes)
+        updates = []
+        for index, (stream, chunk, hypothesis) in enumerate(zip(streams, chunks, hypotheses, strict=True)):
+            completed_at = stream.arrival_of_sample(
+                (stream.mel_consumed + chunk.shape[1] - 1) * fc.HOP_SAMPLES + fc.STFT_HALF_WINDOW
+            )
+            stream.mel_consumed += chunk.shape[1]
+            stream.hypothesis = hypothesis
+            stream.token_ids = _token_list(hypothesis.y_sequence)
+            if self.record_dir is not None:
+                stream.encoded.append(result.encoded[index, :, : result.lengths[index]].T.numpy().copy())
+            metrics.encoder_frames.labels(chunk_label).inc(result.frames_computed[index])
+            metrics.audio_processed.labels(chunk_label).inc(chunk.shape[1] * fc.HOP_SAMPLES / fc.SAMPLE_RATE)
+            updates.append(
+                RecognitionUpdate(
+                    transcript=fc.detokenize(self.model, stream.token_ids),
+                    token_ids=tuple(stream.token_ids),
+                    is_final=False,
+                    audio_processed_s=stream.mel_consumed * fc.HOP_SAMPLES / fc.SAMPLE_RATE,
+                    processing_latency_s=max(0.0, finished - completed_at),
+                    chunk_index=stream.steps,
+                    encoder_frames=result.frames_computed[index],
+                    batch_size=len(streams),
+                )
+            )
+            stream.steps += 1
+        return updates
+
+    # --- offline -----------------------------------------------------------------------------------------
+    async def transcribe(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
+        async with self.device_lock:
+            return await asyncio.to_thread(self._offline, settings, audio)
+
+    @torch.inference_mode()
+    def _offline(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
+        started = time.perf_counter()
+        encoder = self.model.encoder
+        encoder.set_default_att_context_size(self.contexts[settings.chunk_ms])
+        signal = torch.from_numpy(audio).unsqueeze(0)
+        mel, mel_len = self.model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
+        encoded, encoded_len = encoder(audio_signal=mel, length=mel_len)
+        token_ids: list[int] = []
+        if int(encoded_len[0]) > 0:
+            (hypothesis,) = self.model.decoding.rnnt_decoder_predictions_tensor(
+                encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True
+            )
+            token_ids = _token_list(hypothesis.y_sequence)
+        if self.record_dir is not None and settings.request_id != "warm-up":
+            frames = encoded[0, :, : int(encoded_len[0])].T.numpy()
+            self._record(settings.request_id, "offline", [frames], token_ids)
+        return OfflineResult(
+            transcript=fc.detokenize(self.model, token_ids),
+            token_ids=tuple(token_ids),
+            audio_s=len(audio) / fc.SAMPLE_RATE,
+            processing_s=time.perf_counter() - started,
+        )
+
+    def _record(self, request_id: str, kind: str, encoded: list[np.ndarray], token_ids: list[int]) -> None:
+        """Debug: keep a stream's encoder output so tests can compare streaming with offline exactly."""
+        frames = np.concatenate(encoded) if encoded else np.zeros((0, self.shape.d_model), np.float32)
+        self.record_dir.mkdir(parents=True, exist_ok=True)
+        path = self.record_dir / f"{_SAFE_ID.sub('_', request_id)}.{self.name}.{kind}.npz"
+        np.savez(path, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64))
+
+
+def _token_list(sequence) -> list[int]:
+    return sequence.tolist() if isinstance(sequence, torch.Tensor) else list(sequence)

@@ -1,0 +1,67 @@
+"""ASR service configuration: one frozen dataclass, from `--flags`, `ASR_*` variables and defaults.
+
+Presets are model configs kept in services/asr/presets/ (synthetic weights, real architecture):
+`tiny` (tests), `fastconformer-100m` (CPU default) and `nemotron-0.6b` (the Nemotron speech streaming
+0.6B shape, for GPUs). `--model-path x.nemo` serves a real checkpoint instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from voiceagent.serving.config import ServingConfig, require
+
+PRESETS = Path(__file__).resolve().parent / "presets"
+BACKENDS = ("cache-aware", "buffered")
+
+
+def preset_names() -> list[str]:
+    return sorted(path.stem for path in PRESETS.glob("*.yaml"))
+
+
+@dataclasses.dataclass(frozen=True)
+class AsrConfig(ServingConfig):
+    port: int = dataclasses.field(default=50051, metadata={"help": "gRPC port (0 = any free port)"})
+    metrics_port: int = dataclasses.field(default=9091, metadata={"help": "Prometheus /metrics port (0 = any)"})
+    preset: str = dataclasses.field(
+        default="fastconformer-100m", metadata={"help": "model config in services/asr/presets/ (synthetic weights)"}
+    )
+    model_path: str = dataclasses.field(default="", metadata={"help": "a .nemo checkpoint; overrides the preset"})
+    backend: str = dataclasses.field(
+        default="cache-aware", metadata={"help": "cache-aware (streaming caches) or buffered (re-encoded window)"}
+    )
+    max_streams: int = dataclasses.field(default=64, metadata={"help": "concurrent streams (cache slots)"})
+    max_batch_streams: int = dataclasses.field(default=64, metadata={"help": "streams per batched encoder step"})
+    batch_wait_fraction: float = dataclasses.field(
+        default=0.25,
+        metadata={"help": "wait up to this fraction of a chunk for more streams to batch (0 = step at once)"},
+    )
+    buffered_window_ms: int = dataclasses.field(
+        default=4000, metadata={"help": "audio the buffered backend re-encodes per chunk"}
+    )
+    threads: int = dataclasses.field(default=0, metadata={"help": "torch CPU threads (0 = torch's default)"})
+    seed: int = dataclasses.field(default=0, metadata={"help": "seed of the synthetic weights"})
+    record_encoder_dir: str = dataclasses.field(
+        default="", metadata={"help": "debug: write each stream's encoder output and tokens here (.npz)"}
+    )
+
+    @property
+    def preset_file(self) -> Path:
+        return PRESETS / f"{self.preset}.yaml"
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.model_path:
+            names = preset_names()
+            require(self.preset in names, "preset", f"must be one of {names}, got {self.preset!r}")
+        else:
+            require(Path(self.model_path).is_file(), "model_path", f"no such file: {self.model_path!r}")
+        require(self.backend in BACKENDS, "backend", f"must be one of {list(BACKENDS)}, got {self.backend!r}")
+        require(self.max_streams >= 1, "max_streams", f"must be >= 1, got {self.max_streams}")
+        require(self.max_batch_streams >= 1, "max_batch_streams", f"must be >= 1, got {self.max_batch_streams}")
+        require(
+            0 <= self.batch_wait_fraction <= 1, "batch_wait_fraction", f"must be 0..1, got {self.batch_wait_fraction}"
+        )
+        require(self.buffered_window_ms >= 80, "buffered_window_ms", f"must be >= 80, got {self.buffered_window_ms}")
+        require(self.threads >= 0, "threads", f"must be >= 0, got {self.threads}")

@@ -1,0 +1,55 @@
+"""The ASR service's own metrics (the shared RPC, ceiling and work metrics come from voiceagent.serving).
+
+Everything that lets an operator read real-time factor and batching efficiency: per-chunk processing
+latency, end-of-audio→final latency, active streams, streams per encoder step, encoder frames computed and
+audio seconds processed (encoder frames / audio seconds = 12.5 exactly when every frame is computed once).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from voiceagent.serving.metrics import LATENCY_BUCKETS_S
+
+CHUNK_MS = ("80", "160", "320", "560", "1120")
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+chunk_processing = Histogram(
+    "voiceagent_asr_chunk_processing_seconds",
+    "From arrival of the audio that completed a chunk to its hypothesis (queueing + encoder step + decoding)",
+    ["chunk_ms"],
+    buckets=LATENCY_BUCKETS_S,
+)
+final_latency = Histogram(
+    "voiceagent_asr_final_latency_seconds",
+    "From the end of a stream's audio (half-close) to its final hypothesis",
+    ["chunk_ms"],
+    buckets=LATENCY_BUCKETS_S,
+)
+active_streams = Gauge("voiceagent_asr_active_streams", "Streams holding a cache slot, by chunk size", ["chunk_ms"])
+step_batch = Histogram(
+    "voiceagent_asr_step_batch_streams",
+    "Streams stepped together in one batched encoder step",
+    ["chunk_ms"],
+    buckets=BATCH_BUCKETS,
+)
+step_duration = Histogram(
+    "voiceagent_asr_step_duration_seconds",
+    "Wall time of one batched encoder + decoder step",
+    ["chunk_ms"],
+    buckets=LATENCY_BUCKETS_S,
+)
+encoder_frames = Counter(
+    "voiceagent_asr_encoder_frames",
+    "80 ms encoder frames computed (the buffered baseline recomputes its window's frames every step)",
+    ["chunk_ms"],
+)
+audio_processed = Counter(
+    "voiceagent_asr_audio_processed_seconds", "Seconds of audio consumed by the encoder", ["chunk_ms"]
+)
+
+for _chunk in CHUNK_MS:
+    for _metric in (chunk_processing, final_latency, active_streams, step_batch, step_duration):
+        _metric.labels(_chunk)
+    encoder_frames.labels(_chunk)
+    audio_processed.labels(_chunk)

@@ -1,0 +1,152 @@
+"""SpeechRecognizer over gRPC: protos ↔ backend types, input validation, admission (max_streams).
+
+Input rules: 16 kHz mono PCM16 or float32 (other rates are rejected, not resampled); the config comes
+first; a malformed payload, an unknown encoding or a chunk size the model does not have is
+INVALID_ARGUMENT naming the field; more than `max_streams` concurrent streams is RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+
+from services.asr.backend import AudioError, RecognizerBackend, StreamSettings
+from services.asr.config import AsrConfig
+from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
+from voiceagent.serving.info import info_response
+from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
+
+SAMPLE_RATE_HZ = 16000
+_SAMPLE_BYTES = {common_pb2.AUDIO_ENCODING_PCM16: 2, common_pb2.AUDIO_ENCODING_FLOAT32: 4}
+
+
+class InvalidRequest(ValueError):
+    pass
+
+
+def decode_audio(payload: bytes, encoding: int) -> np.ndarray:
+    """16 kHz mono samples as float32 in [-1, 1]; AudioError says what is wrong with a payload."""
+    width = _SAMPLE_BYTES[encoding]
+    if len(payload) % width:
+        name = common_pb2.AudioEncoding.Name(encoding)
+        raise AudioError(f"audio: {len(payload)} bytes is not a whole number of {width}-byte {name} samples")
+    if encoding == common_pb2.AUDIO_ENCODING_PCM16:
+        return np.frombuffer(payload, dtype="<i2").astype(np.float32) / 32768.0
+    samples = np.frombuffer(payload, dtype="<f4").astype(np.float32)
+    if not np.isfinite(samples).all():
+        raise AudioError("audio: FLOAT32 samples must be finite (found NaN or infinity)")
+    return samples
+
+
+class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
+    name = "asr"
+    service_names = ("voiceagent.v1.SpeechRecognizer",)
+    methods = ("StreamingRecognize", "Recognize", "GetInfo")
+    dtype = "float32"
+
+    def __init__(self, config: AsrConfig, backend: RecognizerBackend | None = None):
+        self.config = config
+        self.backend = backend
+        self.ceilings: DeviceCeilings = UNMEASURED
+        self.active_streams = 0
+        self.ready = False
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        asr_pb2_grpc.add_SpeechRecognizerServicer_to_server(self, server)
+
+    async def start(self, ceilings: DeviceCeilings) -> None:
+        from services.asr.backends import load_backend
+
+        self.ceilings = ceilings
+        if self.backend is None:
+            self.backend = await asyncio.to_thread(load_backend, self.config)
+        await self.backend.start()
+        self.ready = True
+
+    async def stop(self) -> None:
+        if self.backend is not None:
+            await self.backend.stop()
+
+    def _settings(self, config: asr_pb2.RecognitionConfig) -> StreamSettings:
+        if config.sample_rate_hz != SAMPLE_RATE_HZ:
+            raise InvalidRequest(
+                f"config.sample_rate_hz: {config.sample_rate_hz} Hz is not supported; "
+                f"send {SAMPLE_RATE_HZ} Hz mono audio (no resampling is done)"
+            )
+        if config.encoding not in _SAMPLE_BYTES:
+            raise InvalidRequest(
+                f"config.encoding: {config.encoding} is not AUDIO_ENCODING_PCM16 or AUDIO_ENCODING_FLOAT32"
+            )
+        choices = self.backend.chunk_ms_choices
+        if config.chunk_ms not in choices:
+            raise InvalidRequest(f"config.chunk_ms: {config.chunk_ms} is not one of {list(choices)} ms")
+        return StreamSettings(config.request_id or uuid.uuid4().hex, config.chunk_ms, config.interim_results)
+
+    async def _audio(self, requests: AsyncIterator, encoding: int) -> AsyncIterator[np.ndarray]:
+        async for request in requests:
+            if request.WhichOneof("request") != "audio":
+                raise AudioError("config: only the first message may be a config; the rest must be audio")
+            if request.audio:
+                yield decode_audio(request.audio, encoding)
+
+    async def _require_ready(self, context) -> None:
+        if not self.ready:  # the port is open while the model loads; health says NOT_SERVING meanwhile
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry when SERVING")
+
+    async def StreamingRecognize(self, request_iterator, context):
+        await self._require_ready(context)
+        requests = aiter(request_iterator)
+        first = await anext(requests, None)
+        if first is None or first.WhichOneof("request") != "config":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "config must come first: send a config message")
+        try:
+            settings = self._settings(first.config)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if self.active_streams >= self.config.max_streams:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"max_streams: all {self.config.max_streams} streams are busy; retry later",
+            )
+        self.active_streams += 1
+        try:
+            updates = self.backend.recognize(settings, self._audio(requests, first.config.encoding))
+            async for update in updates:
+                yield asr_pb2.StreamingRecognizeResponse(
+                    request_id=settings.request_id,
+                    transcript=update.transcript,
+                    is_final=update.is_final,
+                    audio_processed_s=update.audio_processed_s,
+                    processing_latency_s=update.processing_latency_s,
+                    chunk_index=update.chunk_index,
+                    chunk_ms=settings.chunk_ms,
+                    encoder_frames=update.encoder_frames,
+                    batch_size=update.batch_size,
+                )
+        except AudioError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            self.active_streams -= 1
+
+    async def Recognize(self, request, context):
+        await self._require_ready(context)
+        try:
+            settings = self._settings(request.config)
+            audio = decode_audio(request.audio, request.config.encoding)
+        except (InvalidRequest, AudioError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        result = await self.backend.transcribe(settings, audio)
+        return asr_pb2.RecognizeResponse(
+            request_id=settings.request_id,
+            transcript=result.transcript,
+            audio_s=result.audio_s,
+            processing_s=result.processing_s,
+        )
+
+    async def GetInfo(self, request, context):
+        await self._require_ready(context)
+        return info_response(self.name, self.backend.facts(), self.ceilings, self.backend.limits())

@@ -1,0 +1,92 @@
+"""Test-side helpers: clips, request streams, recorded encoder outputs and metric samples."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
+
+PCM16 = common_pb2.AUDIO_ENCODING_PCM16
+FLOAT32 = common_pb2.AUDIO_ENCODING_FLOAT32
+CHUNK_MS = (80, 160, 320, 560, 1120)
+
+
+def clip(seconds: float, seed: int = 0) -> np.ndarray:
+    """Noise with a slow envelope: random weights make any audio as good as speech for exactness tests."""
+    rng = np.random.default_rng(seed)
+    samples = int(seconds * 16000)
+    envelope = 0.5 + 0.5 * np.sin(np.linspace(0, 6 * np.pi, samples))
+    return (rng.standard_normal(samples) * 0.2 * envelope).astype(np.float32)
+
+
+def config(chunk_ms: int = 320, encoding: int = FLOAT32, request_id: str = "", **fields):
+    values = dict(sample_rate_hz=16000, encoding=encoding, chunk_ms=chunk_ms, interim_results=True)
+    values.update(fields)
+    return asr_pb2.RecognitionConfig(request_id=request_id, **values)
+
+
+def requests(cfg, audio: np.ndarray, piece_samples: int = 2000):
+    yield asr_pb2.StreamingRecognizeRequest(config=cfg)
+    payload = audio.astype("<f4") if cfg.encoding == FLOAT32 else (audio * 32767).astype("<i2")
+    for start in range(0, len(payload), piece_samples):
+        yield asr_pb2.StreamingRecognizeRequest(audio=payload[start : start + piece_samples].tobytes())
+
+
+def stub(service) -> asr_pb2_grpc.SpeechRecognizerStub:
+    return asr_pb2_grpc.SpeechRecognizerStub(grpc.insecure_channel(service.address))
+
+
+def stream(service, cfg, audio: np.ndarray) -> list:
+    return list(stub(service).StreamingRecognize(requests(cfg, audio), timeout=120))
+
+
+def recorded(record_dir, request_id: str, backend: str, kind: str) -> tuple[np.ndarray, list[int]]:
+    data = np.load(record_dir / f"{request_id}.{backend}.{kind}.npz")
+    return data["encoded"], data["token_ids"].tolist()
+
+
+def metric(service, name: str, **labels) -> float:
+    """Sum of the samples of `name` whose labels include `labels`."""
+    text = urllib.request.urlopen(service.metrics_url, timeout=10).read().decode()
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def encoder_frames_of(samples: int) -> int:
+    """Offline encoder frames of a clip: mel frames M = samples // 160; causal 8x subsampling gives
+    frame 0 from mel frame 0 alone, then one frame per 8 mel frames begun: 1 + ceil((M - 1) / 8)."""
+    mel = samples // 160
+    return 0 if mel == 0 else 1 + math.ceil((mel - 1) / 8)
+
+
+def hold_stream(address: str, request_id: str, seconds: float = 60) -> tuple[grpc.Channel, grpc.Future]:
+    """Open a stream that sends its config and 0.5 s of audio, then neither sends nor closes; wait for
+    its first hypothesis (the stream then holds a cache slot). Returns the channel (keep it: a collected
+    channel cancels its calls) and the call."""
+    messages = list(requests(config(320, request_id=request_id), clip(0.5)))
+
+    def hold():
+        yield from messages
+        time.sleep(seconds)
+
+    channel = grpc.insecure_channel(address)
+    call = asr_pb2_grpc.SpeechRecognizerStub(channel).StreamingRecognize(hold())
+    next(call)
+    return channel, call
+
+
+if __name__ == "__main__":  # a client process the tests kill: `python -m tests.asr.client ADDRESS`
+    _held = hold_stream(sys.argv[1], "killed")
+    print("open", flush=True)
+    time.sleep(60)

@@ -1,0 +1,49 @@
+"""ASR test fixtures: a tiny `.nemo` checkpoint saved locally, and real servers in their own processes.
+
+The cache-aware server restores that checkpoint (the real-checkpoint path); the buffered one builds the
+tiny preset. Both record every stream's encoder output to a directory (`--record-encoder-dir`), which is
+how tests compare streamed encoder frames with an offline pass bit for bit.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.harness import REPO, running_service, venv_python
+
+BUFFERED_WINDOW_MS = 960
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> str:
+    """The tiny preset saved with NeMo's own `save_to`, in a child process like the servers."""
+    path = tmp_path_factory.mktemp("checkpoint") / "tiny.nemo"
+    script = (
+        "from services.asr.config import AsrConfig; from services.asr.backends import fastconformer as fc; "
+        f"model, _ = fc.build_model(AsrConfig(preset='tiny').preset_file, seed=7); model.save_to({str(path)!r})"
+    )
+    subprocess.run([venv_python("asr"), "-c", script], cwd=REPO, check=True, capture_output=True, timeout=300)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def record_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("encoder")
+
+
+@pytest.fixture(scope="session")
+def cache_aware(tiny_checkpoint, record_dir):
+    args = ["--model-path", tiny_checkpoint, "--max-streams", "4", "--probe-ceilings", "false"]
+    args += ["--record-encoder-dir", str(record_dir), "--threads", "1"]
+    with running_service("services.asr", venv_python("asr"), args) as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def buffered(record_dir):
+    args = ["--preset", "tiny", "--backend", "buffered", "--buffered-window-ms", str(BUFFERED_WINDOW_MS)]
+    args += ["--probe-ceilings", "false", "--record-encoder-dir", str(record_dir), "--threads", "1"]
+    with running_service("services.asr", venv_python("asr"), args) as service:
+        yield service
