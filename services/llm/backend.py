@@ -1,0 +1,100 @@
+"""The engine boundary of the LLM service: one streaming method and the plain types that cross it.
+
+The servicer turns protos into a `GenerationRequest`, checks what it can without the model, and streams
+the `TokenDelta`s a backend yields back as protos. Backends (backends/<engine>.py) do the rest: tokenise,
+apply the chat template, check the prompt against the model's length, generate, abort on cancellation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+from voiceagent.serving.info import ModelFacts
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+class InvalidRequest(ValueError):
+    """A request the model cannot serve; `field` names the request field at fault."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTurn:
+    role: str
+    content: str
+
+
+# Raw text, chat turns (the template is applied) or token ids.
+Prompt = str | tuple[ChatTurn, ...] | tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt: Prompt
+    sampling: Sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    queue_s: float  # queued in the engine -> first scheduled
+    time_to_first_token_s: float  # received by the backend -> first token
+    decode_s: float  # first token -> last token
+    e2e_s: float  # received -> finished
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    finish_reason: str  # one of FINISH_REASONS
+    stop: str  # the stop string that matched, if any
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    timings: Timings
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenDelta:
+    """New text and token ids since the previous delta; the last delta of a request carries `completion`."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    completion: Completion | None = None
+
+
+class TextGenerator(Protocol):
+    """A chat LLM engine."""
+
+    vocab_size: int  # token ids must be below this
+    max_model_len: int  # prompt + completion tokens
+
+    async def start(self) -> None:
+        """Load the model and warm the engine up."""
+
+    async def stop(self) -> None:
+        """Release the engine."""
+
+    def facts(self) -> ModelFacts: ...
+
+    def limits(self) -> Mapping[str, float]: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
+        """Stream deltas as the engine produces them. Raises InvalidRequest before the first delta when the
+        model cannot serve the request. Closing the iterator early aborts the engine request."""
+        ...

