@@ -67,6 +67,7 @@ class LevelResult:
     realtime_ok: bool | None = None  # ASR/TTS: every stream kept up with real time (no underruns)
     loadgen_cpu: float = 0.0  # load generator's CPU use over the level, in cores
     stopped_early: str = ""  # why the sweep stopped after this level (errors, objective), if it did
+    extra: dict[str, float] = dataclasses.field(default_factory=dict)  # realtime_streams, underruns, error kinds ...
 
 
 @dataclasses.dataclass

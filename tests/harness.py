@@ -72,9 +72,18 @@ class ServiceProcess:
                 .status
             )
 
+    def _serving(self) -> bool:
+        try:
+            return self.health() == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError as error:
+            # An engine loading in the same process can hold the GIL past the health deadline: not serving yet.
+            if error.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                return False
+            raise
+
     def wait_serving(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        while self.health() != health_pb2.HealthCheckResponse.SERVING:
+        while not self._serving():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"service exited with {self.proc.returncode}:\n{self.output()}")
             if time.monotonic() > deadline:
