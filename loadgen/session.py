@@ -1,0 +1,159 @@
+"""The main job (`make run`): start the three services, sweep each and the voice turn, compare the LLM with
+`vllm serve` on the same preset, write one report folder, stop everything, say where the report is.
+
+reports/<time>-run/
+    report.md, report.html     the whole run at a glance: per target knee, regime, real-time limit; side by side
+    asr/ llm/ tts/ voice/      each sweep's own report (plots, results.json, levels.csv, requests.jsonl)
+    peer/                      the side-by-side sweeps (ours and the peer at concurrency 1 and 16)
+    logs/                      every process's output
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from loadgen.analysis.plan import plan_section
+from loadgen.levels import PRIMARY_LATENCY
+from loadgen.peer import side_by_side
+from loadgen.processes import ServiceProcess
+from loadgen.report import markdown_table, run_folder, write_html, write_report
+from loadgen.sweep import SweepPlan, run_sweep
+from loadgen.workload import Endpoints, Lengths, Workload
+
+SERVICES = ("asr", "llm", "tts")
+SERVING_TIMEOUT_S = 600
+PLAN_SESSIONS = 100  # the capacity plan at the end of the report: replicas for this many voice sessions
+
+
+def plans(quick: bool) -> list[SweepPlan]:
+    """The sweeps of a run, sized for a 2-core machine: the whole job stays under 15 minutes."""
+    if quick:
+        return [SweepPlan(target, [1, 2], duration_s=4.0, warmup_s=1.0) for target in ("asr", "llm", "tts", "voice")]
+    return [
+        SweepPlan("asr", [1, 2, 4, 8, 16], duration_s=10.0, warmup_s=3.0),
+        SweepPlan("llm", [1, 2, 4, 8, 16], duration_s=10.0, warmup_s=2.0),
+        SweepPlan("tts", [1, 2, 4, 8], duration_s=12.0, warmup_s=2.0),
+        SweepPlan("voice", [1, 2, 4], duration_s=15.0, warmup_s=3.0),
+    ]
+
+
+def _workload(quick: bool) -> Workload:
+    if quick:  # short requests so a smoke run's levels each hold a few
+        return Workload(utterance_s=Lengths("2"), output_tokens=Lengths("16"), prompt_tokens=Lengths("32"),
+                        text_words=Lengths("4-8"), reply_tokens=Lengths("12"))  # fmt: skip
+    return Workload()
+
+
+class Stages:
+    """Prints each stage as it starts and keeps how long each took, for the report."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.times: list[tuple[str, float]] = []
+        self._current: tuple[str, float] | None = None
+
+    def begin(self, name: str) -> None:
+        self.end()
+        elapsed = time.monotonic() - self.started
+        print(f"\n=== [{elapsed // 60:02.0f}:{elapsed % 60:02.0f}] {name}", flush=True)
+        self._current = (name, time.monotonic())
+
+    def end(self) -> None:
+        if self._current:
+            self.times.append((self._current[0], time.monotonic() - self._current[1]))
+            self._current = None
+
+
+def run_session(reports: Path, quick: bool = False, peer: bool = True, preset: str = "") -> int:
+    """`preset` (e.g. "tiny") overrides every service's default CPU preset: a fast smoke run of the whole job."""
+    folder = run_folder(reports, "run")
+    (folder / "logs").mkdir()
+    stages = Stages()
+    stages.begin(f"starting asr, llm, tts on their {preset or 'CPU'} presets")
+    args = ["--preset", preset] if preset else []
+    services = {name: ServiceProcess(name, folder / "logs" / f"{name}.log", args) for name in SERVICES}
+    sweeps: dict[str, tuple] = {}
+    comparison: list[dict] = []
+    failure = ""
+    try:
+        for name, service in services.items():
+            service.wait_serving(SERVING_TIMEOUT_S)
+            print(f"{name}: SERVING on {service.address} (metrics {service.metrics_url})", flush=True)
+        endpoints = Endpoints(**{name: services[name].address for name in SERVICES},
+                              **{f"{name}_metrics": services[name].metrics_url for name in SERVICES})  # fmt: skip
+        workload = dataclasses.replace(_workload(quick), endpoints=endpoints)
+        for plan in plans(quick):
+            stages.begin(f"sweep {plan.target}: concurrency {', '.join(map(str, plan.concurrency))}")
+            (folder / plan.target).mkdir()
+            sweep = run_sweep(plan, workload, folder / plan.target, progress=lambda line: print(line, flush=True))
+            analysis, text = write_report(sweep, folder / plan.target)
+            print(text, flush=True)
+            sweeps[plan.target] = (sweep, analysis)
+        if peer:
+            stages.begin("side by side: our LLM service vs vllm serve on the same preset, concurrency 1 and 16")
+            for name in ("asr", "tts"):  # the comparison gets the machine to itself
+                services[name].stop()
+            comparison = side_by_side(services["llm"], workload, folder / "peer", quick, stages)
+    except (RuntimeError, TimeoutError, OSError) as error:  # a service that died or never came up: say which
+        failure = str(error)
+        print(f"\nrun failed: {failure}", flush=True)
+    finally:
+        stages.begin("stopping the services")
+        for service in services.values():
+            service.stop()
+        stages.end()
+    text = index(sweeps, comparison, stages, failure) + _plan(folder, sweeps)
+    (folder / "report.md").write_text(text, encoding="utf-8")
+    write_html(text, folder / "report.html", "voiceagent run")
+    total = time.monotonic() - stages.started
+    print(f"\nrun {'FAILED' if failure else 'finished'} in {total // 60:.0f} min {total % 60:.0f} s")
+    print(f"report: {folder / 'report.md'} (and report.html)")
+    return 1 if failure else 0
+
+
+def _plan(folder: Path, sweeps: dict[str, tuple]) -> str:
+    if not {"asr", "llm", "tts"} <= set(sweeps):
+        return ""
+    try:
+        # The sweeps of this run only: the side-by-side LLM sweeps are not operating points to plan with.
+        section = plan_section([folder / target / "results.json" for target in sweeps], sessions=PLAN_SESSIONS)
+    except Exception as error:  # noqa: BLE001 — the sweeps' reports stand without the plan
+        return f"\n## Capacity plan\n\nNo plan: {type(error).__name__}: {error}\n"
+    return f"\n{section}\n"
+
+
+def index(sweeps: dict[str, tuple], comparison: list[dict], stages: Stages, failure: str = "") -> str:
+    lines = ["# voiceagent run", "", "Each service swept over concurrency on its CPU preset; click a target for "
+             "its full report (plots, predicted vs measured, verdicts and the rules behind them).", ""]  # fmt: skip
+    if failure:
+        lines += ["**The run failed:**", "", "```", failure, "```", ""]
+    rows = []
+    for target, (sweep, analysis) in sweeps.items():
+        best = max(sweep.levels, key=lambda level: level.throughput) if sweep.levels else None
+        primary = PRIMARY_LATENCY[target]
+        first = sweep.levels[0].latency[primary] if sweep.levels else None
+        rows.append([
+            f"[{target}]({target}/report.md)",
+            f"C={analysis.knee_concurrency} ({analysis.knee_regime})" if analysis and analysis.knee_index is not None
+            else "none measured",
+            ", ".join(f"{v.concurrency}: {v.regime}" for v in analysis.levels) if analysis else "—",
+            f"{best.throughput:.4g} {best.throughput_unit} at C={best.concurrency}" if best else "—",
+            f"{first.p50 * 1000:.0f} ms" if first else "—",
+            "" if not analysis or analysis.realtime_limit is None else f"C={analysis.realtime_limit}",
+            "; ".join(sweep.warnings) or "",
+        ])  # fmt: skip
+    lines += markdown_table(
+        ["target", "knee", "regime by concurrency", "best throughput", "primary latency p50 at C=1",
+         "real-time limit", "load-generator warnings"], rows)  # fmt: skip
+    if comparison:
+        lines += ["", "## Side by side: our LLM service vs `vllm serve` (same preset, same workload)", ""]
+        lines += markdown_table(
+            ["C", "ours TTFT p50", "peer TTFT p50", "ours tokens/s", "peer tokens/s", "verdict"],
+            [[row["concurrency"], row["ours_ttft"], row["peer_ttft"], row["ours_tps"], row["peer_tps"],
+              row["verdict"]] for row in comparison],
+        )  # fmt: skip
+    lines += ["", "## Stages", ""]
+    lines += markdown_table(["stage", "seconds"], [[name, f"{seconds:.0f}"] for name, seconds in stages.times])
+    return "\n".join(lines) + "\n"
