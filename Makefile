@@ -6,7 +6,7 @@ DEV := $(VENV)/dev/bin/python
 SERVICES := asr llm tts
 
 .DEFAULT_GOAL := help
-.PHONY: help setup protos run serve sweep test lint serve-asr serve-llm serve-tts clean bench-llm bench-asr bench-tts
+.PHONY: plan help setup protos run serve sweep test lint serve-asr serve-llm serve-tts clean bench-llm bench-asr bench-tts
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -35,8 +35,13 @@ serve: setup ## start the three services on their CPU presets and default ports 
 
 TARGET ?= llm
 CONCURRENCY ?= 1,2,4,8,16
+SESSIONS ?= 100
+RUN ?= $(lastword $(sort $(wildcard reports/*-run)))
 sweep: ## sweep running services: make sweep TARGET=asr|llm|tts|voice|openai CONCURRENCY=1,2,4 ARGS="--duration-s 20"
 	@$(DEV) -m loadgen sweep --target $(TARGET) --concurrency $(CONCURRENCY) $(ARGS)
+
+plan: ## capacity plan from measured sweeps: make plan RUN=reports/<run> SESSIONS=100 ARGS="--llm-ttft-p95 0.5"
+	@$(DEV) -m loadgen plan $(RUN) --sessions $(SESSIONS) $(ARGS)
 
 test: ## set up if needed, then lint and run every test suite, timing each stage
 	@tools/test.sh

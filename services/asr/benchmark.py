@@ -43,7 +43,7 @@ def clips(count: int, seconds: float) -> list[np.ndarray]:
 
 # --- engine-direct -----------------------------------------------------------------------------------------
 class EngineDirect:
-    def __init__(self, preset: str, threads: int):
+    def __init__(self, preset: str, threads: int, device: str = "cpu"):
         import torch
 
         torch.set_num_threads(threads)
@@ -52,6 +52,8 @@ class EngineDirect:
 
         self.torch = torch
         self.model, _ = fastconformer.build_model(AsrConfig(preset=preset).preset_file)
+        self.model = self.model.to(device)
+        self.device = device
 
     def rtf(self, chunk_ms: int, streams: int) -> float:
         from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
@@ -65,8 +67,9 @@ class EngineDirect:
             started = time.perf_counter()
             model.encoder.set_default_att_context_size(context_for_chunk_ms(model, chunk_ms))
             buffer = CacheAwareStreamingAudioBuffer(model=model, online_normalization=False)
-            signal = torch.from_numpy(np.stack(audio))
-            mel, mel_len = model.preprocessor(input_signal=signal, length=torch.full((streams,), signal.shape[1]))
+            signal = torch.from_numpy(np.stack(audio)).to(self.device)
+            length = torch.full((streams,), signal.shape[1], device=self.device)
+            mel, mel_len = model.preprocessor(input_signal=signal, length=length)
             for index in range(streams):
                 buffer.append_processed_signal(mel[index : index + 1, :, : mel_len[index]])
             channel, time_cache, length = model.encoder.get_initial_cache_state(batch_size=streams)
@@ -84,6 +87,8 @@ class EngineDirect:
                     drop_extra_pre_encoded=drop,
                     return_transcription=True,
                 )
+            if self.device != "cpu":
+                torch.cuda.synchronize()
             return (time.perf_counter() - started) / seconds
 
 
@@ -151,9 +156,11 @@ def capacity(measure, limit: int, repeats: int = 2) -> tuple[int, float]:
     return passed, passed_rtf
 
 
-def run_service(backend: str, preset: str, limit: int, chunks, threads: int, loop) -> dict[int, tuple[int, float]]:
+def run_service(
+    backend: str, preset: str, limit: int, chunks, threads: int, loop, device: str = "cpu"
+) -> dict[int, tuple[int, float]]:
     args = ["--preset", preset, "--backend", backend, "--max-streams", str(limit), "--max-batch-streams", str(limit)]
-    args += ["--threads", str(threads)]
+    args += ["--threads", str(threads), "--device", device]
     service = start_service("services.asr", venv_python("asr"), args + ["--probe-ceilings", "false"])
     try:
         deadline = time.monotonic() + 600
@@ -183,22 +190,36 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: leaves a core to gRPC and to the clients)"
     )
+    parser.add_argument("--device", default="cpu", help="torch device of the engine and the services (cuda on a GPU)")
+    parser.add_argument(
+        "--only", default="engine,cache-aware,buffered", help="which of engine, cache-aware, buffered to measure"
+    )
     args = parser.parse_args()
+    only = args.only.split(",")
     chunks = [int(c) for c in args.chunks.split(",")]
     started = time.perf_counter()
 
-    engine = EngineDirect(args.preset, args.threads)
-    direct = {}
-    for chunk_ms in chunks:
+    direct = {c: (0, float("nan")) for c in chunks}
+    engine = EngineDirect(args.preset, args.threads, args.device) if "engine" in only else None
+    for chunk_ms in chunks if engine else ():
         engine.rtf(chunk_ms, 1)  # warm-up
         direct[chunk_ms] = capacity(lambda n, c=chunk_ms: engine.rtf(c, n), args.max_streams)
         print(f"  engine-direct          {chunk_ms:5d} ms: {direct[chunk_ms][0]} streams", flush=True)
     engine = None  # free the model before the services load theirs
     loop = asyncio.new_event_loop()  # one loop for every client: grpc.aio keeps callbacks on it
-    cache_aware = run_service("cache-aware", args.preset, args.max_streams, chunks, args.threads, loop)
-    buffered = run_service("buffered", args.preset, args.max_streams, chunks, args.threads, loop)
+    skipped = {c: (0, float("nan")) for c in chunks}
+    measured = {}
+    for backend in ("cache-aware", "buffered"):
+        if backend in only:
+            measured[backend] = run_service(
+                backend, args.preset, args.max_streams, chunks, args.threads, loop, args.device
+            )
+    cache_aware, buffered = measured.get("cache-aware", skipped), measured.get("buffered", skipped)
 
-    print(f"\nreal-time stream capacity (per-stream RTF < 1), preset {args.preset}, {args.threads} torch thread(s)")
+    print(
+        f"\nreal-time stream capacity (per-stream RTF < 1), preset {args.preset}, device {args.device}, "
+        f"{args.threads} torch thread(s); 0 with RTF nan = not measured"
+    )
     print("chunk_ms | engine-direct | service cache-aware | service/engine | service buffered | cache-aware/buffered")
     for chunk_ms in chunks:
         engine_n, engine_rtf = direct[chunk_ms]

@@ -36,13 +36,17 @@ TEXT = "Streaming speech starts before the sentence ends."
 SEED = 1
 
 
+# Where the models run: set once from --device / --compile, used by every direct copy and every service.
+PLACEMENT = {"device": "cpu", "compile": False}
+
+
 def direct_runs(preset: str, threads: int, text: str):
     """A closure timing one direct streaming generation: (time to first audio, RTF, audio seconds)."""
     import torch
 
     from services.tts.backends.voxcpm import load_model
 
-    spec = WorkerSpec.from_config(TTSConfig(preset=preset, threads_per_worker=threads))
+    spec = WorkerSpec.from_config(TTSConfig(preset=preset, threads_per_worker=threads, **PLACEMENT))
     torch.set_num_threads(threads)
     model = load_model(spec)
     max_len = segment_max_len(spec, text)
@@ -61,7 +65,8 @@ def direct_runs(preset: str, threads: int, text: str):
     return run
 
 
-def _direct_worker(preset: str, threads: int, text: str, requests: int, barrier, results) -> None:
+def _direct_worker(preset: str, threads: int, text: str, requests: int, barrier, results, placement) -> None:
+    PLACEMENT.update(placement)  # a spawned process starts from the module's defaults
     run = direct_runs(preset, threads, text)
     barrier.wait()
     results.put(sum(run()[2] for _ in range(requests)))
@@ -74,7 +79,7 @@ def direct_throughput(preset: str, processes: int, threads: int, text: str, requ
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(processes + 1), context.Queue()
     workers = [
-        context.Process(target=_direct_worker, args=(preset, threads, text, requests, barrier, results))
+        context.Process(target=_direct_worker, args=(preset, threads, text, requests, barrier, results, PLACEMENT))
         for _ in range(processes)
     ]
     for worker in workers:
@@ -102,6 +107,7 @@ def service_args(preset: str, workers: int, threads: int) -> list[str]:
     return [
         "--preset", preset, "--workers", str(workers), "--threads-per-worker", str(threads),
         "--max-queue", "64", "--probe-ceilings", "false",
+        "--device", PLACEMENT["device"], "--compile", str(PLACEMENT["compile"]).lower(),
     ]  # fmt: skip
 
 
@@ -134,9 +140,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9, help="direct/service pairs at concurrency 1")
     parser.add_argument("--workers", default="1,2,4", help="worker counts for the throughput table")
     parser.add_argument("--requests", type=int, default=2, help="requests per client in the throughput runs")
+    parser.add_argument("--device", default="cpu", help="torch device of every model (cuda on a GPU)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile + CUDA graphs (CUDA only)")
     args = parser.parse_args()
+    PLACEMENT.update(device=args.device, compile=args.compile)
 
-    print(f"preset {args.preset}, {args.threads} torch thread(s) per worker, text {len(TEXT)} chars, seed {SEED}")
+    print(
+        f"preset {args.preset} on {args.device}{' compiled' if args.compile else ''}, {args.threads} torch thread(s) "
+        f"per worker, text {len(TEXT)} chars, seed {SEED}"
+    )
     direct = direct_runs(args.preset, args.threads, TEXT)
     results: dict[str, list[tuple[float, float]]] = {"direct": [], "service": []}
     with (

@@ -20,7 +20,10 @@ def load_backend(config: AsrConfig) -> RecognizerBackend:
     model, source = fastconformer.build_model(
         None if config.model_path else config.preset_file, config.model_path, config.seed
     )
+    # The encoder and decoder go to the device; the mel front end stays on the CPU, where each stream's
+    # features are computed as its audio arrives (batched steps move their input to the device).
     model = model.to(config.device)
+    model.preprocessor.to("cpu")
     common = dict(
         source=source,
         preset="" if config.model_path else config.preset,

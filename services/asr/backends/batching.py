@@ -113,6 +113,7 @@ class BatchingBackend:
         self.batch_wait_fraction = batch_wait_fraction
         self.record_dir = Path(record_dir) if record_dir else None
         self.shape = fc.encoder_shape(model)
+        self.device = next(model.encoder.parameters()).device
         self.chunk_ms_choices = tuple(fc.supported_chunk_ms(model))
         self.contexts = {chunk_ms: fc.context_for_chunk_ms(model, chunk_ms) for chunk_ms in self.chunk_ms_choices}
         self.streams: dict[int, list[Stream]] = {chunk_ms: [] for chunk_ms in self.chunk_ms_choices}
@@ -337,7 +338,7 @@ class BatchingBackend:
         result = self.encode_group(streams, chunks)
         hypotheses = self.model.decoding.rnnt_decoder_predictions_tensor(
             encoder_output=result.encoded,
-            encoded_lengths=torch.tensor(result.lengths),
+            encoded_lengths=torch.tensor(result.lengths, device=self.device),
             return_hypotheses=True,
             partial_hypotheses=[stream.hypothesis for stream in streams],
         )
@@ -355,7 +356,7 @@ class BatchingBackend:
             stream.hypothesis = hypothesis
             stream.token_ids = _token_list(hypothesis.y_sequence)
             if self.record_dir is not None:
-                stream.encoded.append(result.encoded[index, :, : result.lengths[index]].T.numpy().copy())
+                stream.encoded.append(result.encoded[index, :, : result.lengths[index]].T.cpu().numpy().copy())
             metrics.encoder_frames.labels(chunk_label).inc(result.frames_computed[index])
             metrics.audio_processed.labels(chunk_label).inc(chunk.shape[1] * fc.HOP_SAMPLES / fc.SAMPLE_RATE)
             updates.append(
@@ -385,7 +386,7 @@ class BatchingBackend:
         encoder.set_default_att_context_size(self.contexts[settings.chunk_ms])
         signal = torch.from_numpy(audio).unsqueeze(0)
         mel, mel_len = self.model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
-        encoded, encoded_len = encoder(audio_signal=mel, length=mel_len)
+        encoded, encoded_len = encoder(audio_signal=mel.to(self.device), length=mel_len.to(self.device))
         token_ids: list[int] = []
         if int(encoded_len[0]) > 0:
             (hypothesis,) = self.model.decoding.rnnt_decoder_predictions_tensor(
@@ -393,7 +394,7 @@ class BatchingBackend:
             )
             token_ids = _token_list(hypothesis.y_sequence)
         if self.record_dir is not None and settings.request_id != "warm-up":
-            frames = encoded[0, :, : int(encoded_len[0])].T.numpy()
+            frames = encoded[0, :, : int(encoded_len[0])].T.cpu().numpy()
             self._record(settings.request_id, "offline", [frames], token_ids)
         return OfflineResult(
             transcript=fc.detokenize(self.model, token_ids),

@@ -52,15 +52,16 @@ class BufferedBackend(BatchingBackend):
                 stream.history = torch.zeros(stream.history.shape[0], window_mel)
             stream.history = torch.cat((stream.history, chunk), dim=1)[:, -window_mel:]
             windows.append(stream.history)
-        signal = torch.stack(windows)
+        signal = torch.stack(windows).to(self.device)
         encoder = self.model.encoder
         encoder.set_default_att_context_size(streams[0].context)
-        encoded, encoded_len = encoder(audio_signal=signal, length=torch.full((len(streams),), window_mel))
+        lengths = torch.full((len(streams),), window_mel, device=self.device)
+        encoded, encoded_len = encoder(audio_signal=signal, length=lengths)
         window_frames = int(encoded_len.max())
         new_frames = [math.ceil(chunk.shape[1] / fc.MEL_PER_ENCODER_FRAME) for chunk in chunks]
         emit = max(new_frames)
         # Each stream's newest frames go to the front of the decoder input; the rest of the window is overlap.
-        out = torch.zeros(len(streams), encoded.shape[1], emit)
+        out = torch.zeros(len(streams), encoded.shape[1], emit, dtype=encoded.dtype, device=encoded.device)
         for index, frames in enumerate(new_frames):
             out[index, :, :frames] = encoded[index, :, window_frames - frames : window_frames]
         return GroupResult(

@@ -81,12 +81,12 @@ class CacheAwareBackend(BatchingBackend):
         signal = torch.nn.utils.rnn.pad_sequence([piece.T for piece in inputs], batch_first=True).transpose(1, 2)
 
         channel_pool, time_pool, length_pool = self._pool(context[0])
-        slots = torch.tensor([stream.slot for stream in streams])
+        slots = torch.tensor([stream.slot for stream in streams], device=self.device)
         encoder = self.model.encoder
         encoder.set_default_att_context_size(context)
         encoded, encoded_len, channel, time, length = encoder.cache_aware_stream_step(
-            processed_signal=signal,
-            processed_signal_length=lengths,
+            processed_signal=signal.to(self.device),
+            processed_signal_length=lengths.to(self.device),
             cache_last_channel=channel_pool.index_select(1, slots),
             cache_last_time=time_pool.index_select(1, slots),
             cache_last_channel_len=length_pool.index_select(0, slots),
