@@ -29,7 +29,7 @@ for venv in asr tts; do
 done
 
 {
-    date -u; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.sm,power.limit,driver_version --format=csv
+    date -u; timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.sm,power.limit,driver_version --format=csv
     python3 -c 'import torch, grpc, google.protobuf as p, nemo, voxcpm, transformers as t
 print("torch", torch.__version__, "cuda", torch.version.cuda, "grpcio", grpc.__version__, "protobuf", p.__version__,
       "nemo", nemo.__version__, "transformers", t.__version__, "tf32 matmul", torch.backends.cuda.matmul.allow_tf32)'
