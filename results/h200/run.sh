@@ -17,6 +17,9 @@ stages=${*:-ceilings asr-engine asr-service tts-eager tts-compiled}
 ENGINE_CHUNKS=${ENGINE_CHUNKS:-320,80,160,560,1120}
 CACHE_AWARE_CHUNKS=${CACHE_AWARE_CHUNKS:-320,80,160,560,1120}
 BUFFERED_CHUNKS=${BUFFERED_CHUNKS:-320,80,160,560,1120}
+# TTS worker counts (each worker is one VoxCPM2 copy in its own process; compiled ones compile ~23 s each).
+TTS_EAGER_WORKERS=${TTS_EAGER_WORKERS:-1,2,4,8}
+TTS_COMPILED_WORKERS=${TTS_COMPILED_WORKERS:-1,2,4}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
@@ -59,12 +62,12 @@ PY
             --only buffered --max-streams 1024 --chunks "$BUFFERED_CHUNKS" 2>&1 | tee -a "$OUT/asr_buffered.txt"
         ;;
     tts-eager)
-        timeout 280 python3 -m services.tts.benchmark --preset voxcpm2 --device cuda --threads 4 --rounds 5 \
-            --workers 1,2,4 --requests 2 2>&1 | tee "$OUT/tts_eager.txt"
+        timeout 240 python3 -m services.tts.benchmark --preset voxcpm2 --device cuda --threads 2 --rounds 5 \
+            --workers "$TTS_EAGER_WORKERS" --requests 2 2>&1 | tee "$OUT/tts_eager.txt"
         ;;
     tts-compiled) # torch.compile + CUDA graphs; every worker compiles its own copy (~23 s each)
-        timeout 240 python3 -m services.tts.benchmark --preset voxcpm2 --device cuda --threads 4 --rounds 5 \
-            --compile --workers 1,2 --requests 2 2>&1 | tee "$OUT/tts_compiled.txt"
+        timeout 280 python3 -m services.tts.benchmark --preset voxcpm2 --device cuda --threads 2 --rounds 5 \
+            --compile --workers "$TTS_COMPILED_WORKERS" --requests 2 2>&1 | tee "$OUT/tts_compiled.txt"
         ;;
     esac
 done

@@ -184,7 +184,8 @@ def vae_patch_work(model: VoxCPM2Model) -> tuple[float, float]:
     convolutions = [
         m for m in model.audio_vae.decoder.modules() if isinstance(m, torch.nn.Conv1d | torch.nn.ConvTranspose1d)
     ]
-    latent = torch.zeros(1, model.audio_vae.latent_dim, model.patch_size)
+    vae_device = next(model.audio_vae.parameters()).device
+    latent = torch.zeros(1, model.audio_vae.latent_dim, model.patch_size, device=vae_device)
     with torch.inference_mode(), model.audio_vae.streaming_decode() as decoder:
         decoder.decode_chunk(latent)  # the first chunk pads instead of reading state: count a steady one
         hooks = [m.register_forward_hook(count) for m in convolutions]
