@@ -43,7 +43,7 @@ def clips(count: int, seconds: float) -> list[np.ndarray]:
 
 # --- engine-direct -----------------------------------------------------------------------------------------
 class EngineDirect:
-    def __init__(self, preset: str, threads: int, device: str = "cpu"):
+    def __init__(self, preset: str, threads: int, device: str = "cpu", dtype: str = "float32"):
         import torch
 
         torch.set_num_threads(threads)
@@ -54,6 +54,9 @@ class EngineDirect:
         self.model, _ = fastconformer.build_model(AsrConfig(preset=preset).preset_file)
         self.model = self.model.to(device)
         self.device = device
+        self.dtype = getattr(torch, dtype)
+        for module in (self.model.encoder, self.model.decoder, self.model.joint):  # as the service does
+            module.to(self.dtype)
 
     def rtf(self, chunk_ms: int, streams: int) -> float:
         from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
@@ -71,8 +74,8 @@ class EngineDirect:
             length = torch.full((streams,), signal.shape[1], device=self.device)
             mel, mel_len = model.preprocessor(input_signal=signal, length=length)
             for index in range(streams):
-                buffer.append_processed_signal(mel[index : index + 1, :, : mel_len[index]])
-            channel, time_cache, length = model.encoder.get_initial_cache_state(batch_size=streams)
+                buffer.append_processed_signal(mel[index : index + 1, :, : mel_len[index]].to(self.dtype))
+            channel, time_cache, length = model.encoder.get_initial_cache_state(batch_size=streams, dtype=self.dtype)
             hypotheses = None
             for step, (chunk, chunk_len) in enumerate(iter(buffer)):
                 drop = 0 if step == 0 else model.encoder.streaming_cfg.drop_extra_pre_encoded
@@ -133,8 +136,9 @@ def best_of(measure, repeats: int):
     return measured
 
 
-def capacity(measure, limit: int, repeats: int = 2) -> tuple[int, float]:
-    """Largest N <= limit with measure(N) < 1, and the RTF measured there."""
+def capacity(measure, limit: int, repeats: int = 2, precision: float = 0.0) -> tuple[int, float]:
+    """Largest N <= limit with measure(N) < 1, and the RTF measured there; with `precision` p the bisection
+    stops once the first failing N is within p·N of the last passing one (fewer probes, on a GPU)."""
     measure = best_of(measure, repeats)
     passed, passed_rtf, failed = 0, float("nan"), None
     streams = 1
@@ -146,7 +150,7 @@ def capacity(measure, limit: int, repeats: int = 2) -> tuple[int, float]:
         passed, passed_rtf = streams, rtf
         streams *= 2
     upper = failed if failed is not None else limit + 1
-    while upper - passed > 1 and passed > 0:
+    while upper - passed > max(1, precision * passed) and passed > 0:
         middle = (passed + upper) // 2
         rtf = measure(middle)
         if rtf < 1:
@@ -157,10 +161,10 @@ def capacity(measure, limit: int, repeats: int = 2) -> tuple[int, float]:
 
 
 def run_service(
-    backend: str, preset: str, limit: int, chunks, threads: int, loop, device: str = "cpu"
+    backend: str, preset: str, limit: int, chunks, threads: int, loop, device: str, dtype: str, search: dict
 ) -> dict[int, tuple[int, float]]:
     args = ["--preset", preset, "--backend", backend, "--max-streams", str(limit), "--max-batch-streams", str(limit)]
-    args += ["--threads", str(threads), "--device", device]
+    args += ["--threads", str(threads), "--device", device, "--dtype", dtype]
     service = start_service("services.asr", venv_python("asr"), args + ["--probe-ceilings", "false"])
     try:
         deadline = time.monotonic() + 600
@@ -174,7 +178,7 @@ def run_service(
         results = {}
         for chunk_ms in chunks:
             results[chunk_ms] = capacity(
-                lambda n, c=chunk_ms: loop.run_until_complete(service_rtf(service.address, c, n)), limit
+                lambda n, c=chunk_ms: loop.run_until_complete(service_rtf(service.address, c, n)), limit, **search
             )
             print(f"  service {backend:11s} {chunk_ms:5d} ms: {results[chunk_ms][0]} streams", flush=True)
         return results
@@ -191,19 +195,25 @@ def main() -> None:
         "--threads", type=int, default=1, help="torch threads (1: leaves a core to gRPC and to the clients)"
     )
     parser.add_argument("--device", default="cpu", help="torch device of the engine and the services (cuda on a GPU)")
+    parser.add_argument("--dtype", default="float32", help="float32 or bfloat16 (encoder, decoder and caches)")
     parser.add_argument(
         "--only", default="engine,cache-aware,buffered", help="which of engine, cache-aware, buffered to measure"
     )
+    parser.add_argument("--repeats", type=int, default=2, help="tries of a failing probe (best one counts)")
+    parser.add_argument(
+        "--precision", type=float, default=0.0, help="stop bisecting within this fraction of N (0: exact)"
+    )
     args = parser.parse_args()
+    search = {"repeats": args.repeats, "precision": args.precision}
     only = args.only.split(",")
     chunks = [int(c) for c in args.chunks.split(",")]
     started = time.perf_counter()
 
     direct = {c: (0, float("nan")) for c in chunks}
-    engine = EngineDirect(args.preset, args.threads, args.device) if "engine" in only else None
+    engine = EngineDirect(args.preset, args.threads, args.device, args.dtype) if "engine" in only else None
     for chunk_ms in chunks if engine else ():
         engine.rtf(chunk_ms, 1)  # warm-up
-        direct[chunk_ms] = capacity(lambda n, c=chunk_ms: engine.rtf(c, n), args.max_streams)
+        direct[chunk_ms] = capacity(lambda n, c=chunk_ms: engine.rtf(c, n), args.max_streams, **search)
         print(f"  engine-direct          {chunk_ms:5d} ms: {direct[chunk_ms][0]} streams", flush=True)
     engine = None  # free the model before the services load theirs
     loop = asyncio.new_event_loop()  # one loop for every client: grpc.aio keeps callbacks on it
@@ -212,12 +222,12 @@ def main() -> None:
     for backend in ("cache-aware", "buffered"):
         if backend in only:
             measured[backend] = run_service(
-                backend, args.preset, args.max_streams, chunks, args.threads, loop, args.device
+                backend, args.preset, args.max_streams, chunks, args.threads, loop, args.device, args.dtype, search
             )
     cache_aware, buffered = measured.get("cache-aware", skipped), measured.get("buffered", skipped)
 
     print(
-        f"\nreal-time stream capacity (per-stream RTF < 1), preset {args.preset}, device {args.device}, "
+        f"\nreal-time stream capacity (per-stream RTF < 1), preset {args.preset}, device {args.device} {args.dtype}, "
         f"{args.threads} torch thread(s); 0 with RTF nan = not measured"
     )
     print("chunk_ms | engine-direct | service cache-aware | service/engine | service buffered | cache-aware/buffered")

@@ -14,6 +14,7 @@ from voiceagent.serving.config import ServingConfig, require
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 BACKENDS = ("cache-aware", "buffered")
+DTYPES = ("float32", "bfloat16")
 
 
 def preset_names() -> list[str]:
@@ -40,6 +41,10 @@ class AsrConfig(ServingConfig):
     buffered_window_ms: int = dataclasses.field(
         default=4000, metadata={"help": "audio the buffered backend re-encodes per chunk"}
     )
+    dtype: str = dataclasses.field(
+        default="float32",
+        metadata={"help": "dtype of the encoder, decoder and caches: float32 or bfloat16 (for GPUs)"},
+    )
     threads: int = dataclasses.field(default=0, metadata={"help": "torch CPU threads (0 = torch's default)"})
     seed: int = dataclasses.field(default=0, metadata={"help": "seed of the synthetic weights"})
     record_encoder_dir: str = dataclasses.field(
@@ -64,4 +69,5 @@ class AsrConfig(ServingConfig):
             0 <= self.batch_wait_fraction <= 1, "batch_wait_fraction", f"must be 0..1, got {self.batch_wait_fraction}"
         )
         require(self.buffered_window_ms >= 80, "buffered_window_ms", f"must be >= 80, got {self.buffered_window_ms}")
+        require(self.dtype in DTYPES, "dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
         require(self.threads >= 0, "threads", f"must be >= 0, got {self.threads}")

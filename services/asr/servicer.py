@@ -46,10 +46,10 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
     name = "asr"
     service_names = ("voiceagent.v1.SpeechRecognizer",)
     methods = ("StreamingRecognize", "Recognize", "GetInfo")
-    dtype = "float32"
 
     def __init__(self, config: AsrConfig, backend: RecognizerBackend | None = None):
         self.config = config
+        self.dtype = config.dtype  # the device ceilings' matmul peak is measured in it
         self.backend = backend
         self.ceilings: DeviceCeilings = UNMEASURED
         self.active_streams = 0

@@ -47,3 +47,12 @@ def buffered(record_dir):
     args += ["--probe-ceilings", "false", "--record-encoder-dir", str(record_dir), "--threads", "1"]
     with running_service("services.asr", venv_python("asr"), args) as service:
         yield service
+
+
+@pytest.fixture(scope="session")
+def bfloat16(record_dir):
+    """The tiny preset computing in bfloat16 (the GPU setting), on the CPU."""
+    args = ["--preset", "tiny", "--dtype", "bfloat16", "--max-streams", "2", "--probe-ceilings", "false"]
+    args += ["--record-encoder-dir", str(record_dir), "--threads", "1"]
+    with running_service("services.asr", venv_python("asr"), args) as service:
+        yield service

@@ -19,6 +19,7 @@ def test_presets_are_kept_in_the_repository():
         (["--preset", "huge"], "--preset / ASR_PRESET"),
         (["--backend", "magic"], "--backend / ASR_BACKEND"),
         (["--max-streams", "0"], "--max-streams / ASR_MAX_STREAMS"),
+        (["--dtype", "float16"], "--dtype / ASR_DTYPE"),
         (["--model-path", "/nonexistent.nemo"], "--model-path / ASR_MODEL_PATH"),
     ],
 )

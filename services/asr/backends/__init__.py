@@ -20,10 +20,13 @@ def load_backend(config: AsrConfig) -> RecognizerBackend:
     model, source = fastconformer.build_model(
         None if config.model_path else config.preset_file, config.model_path, config.seed
     )
-    # The encoder and decoder go to the device; the mel front end stays on the CPU, where each stream's
-    # features are computed as its audio arrives (batched steps move their input to the device).
+    # Everything runs on the serving device: the mel front end too, batched over the streams of a step.
+    # The encoder, decoder and joint compute in the configured dtype (their weights and the streaming
+    # caches are cast); the preprocessor stays float32, as NeMo requires, and its output is cast.
     model = model.to(config.device)
-    model.preprocessor.to("cpu")
+    dtype = getattr(torch, config.dtype)
+    for module in (model.encoder, model.decoder, model.joint):
+        module.to(dtype)
     common = dict(
         source=source,
         preset="" if config.model_path else config.preset,

@@ -35,18 +35,21 @@ _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 class Stream:
     """One client stream's state between steps: audio, mel frames, decoder hypothesis, cache slot."""
 
-    def __init__(self, settings: StreamSettings, context: list[int], features: fc.FeatureStream, slot: int):
+    def __init__(self, settings: StreamSettings, context: list[int], features: fc.FeatureStream, slot: int, device):
         self.settings = settings
         self.context = context
         self.features = features
-        self.feature_lock = threading.Lock()  # append (event loop) vs take (worker thread)
+        self.feature_lock = threading.Lock()  # append (event loop) vs next_segment (worker thread)
         self.slot = slot
         self.steps = 0
         self.mel_consumed = 0  # mel frames the encoder has consumed
-        self.history = torch.zeros(features.mel_bins, 0)  # recent consumed mel frames (pre-encode cache / window)
-        self.pending = torch.zeros(features.mel_bins, 0)  # mel frames computed but not consumed yet
+        # Mel frames live on the serving device: recent consumed ones (pre-encode cache / window) and those
+        # computed but not consumed yet.
+        self.history = torch.zeros(features.mel_bins, 0, device=device)
+        self.pending = torch.zeros(features.mel_bins, 0, device=device)
         self.hypothesis = None  # NeMo Hypothesis carried between steps (decoder state, tokens so far)
         self.token_ids: list[int] = []
+        self.transcript = ""  # the text of token_ids, extended as tokens are added
         self.closed = False
         self.closed_at = 0.0
         self.finished = False
@@ -64,10 +67,13 @@ class Stream:
     def mel_available(self) -> int:
         return self.features.available(self.closed)
 
-    def take_features(self) -> None:
+    def feature_segment(self) -> tuple[np.ndarray, int, int]:
         with self.feature_lock:
-            frames = self.features.take(self.closed)
-        self.pending = torch.cat((self.pending, frames), dim=1)
+            return self.features.next_segment(self.closed)
+
+    def add_features(self, frames: torch.Tensor) -> None:
+        if frames.shape[1]:
+            self.pending = torch.cat((self.pending, frames), dim=1) if self.pending.shape[1] else frames
 
     def arrival_of_sample(self, sample: int) -> float:
         """When the audio up to `sample` had arrived (the end of the clip counts as arriving at half-close)."""
@@ -114,6 +120,8 @@ class BatchingBackend:
         self.record_dir = Path(record_dir) if record_dir else None
         self.shape = fc.encoder_shape(model)
         self.device = next(model.encoder.parameters()).device
+        self.dtype = next(model.encoder.parameters()).dtype  # encoder and decoder compute in it; mel is float32
+        self.detokenizer = fc.Detokenizer(model)
         self.chunk_ms_choices = tuple(fc.supported_chunk_ms(model))
         self.contexts = {chunk_ms: fc.context_for_chunk_ms(model, chunk_ms) for chunk_ms in self.chunk_ms_choices}
         self.streams: dict[int, list[Stream]] = {chunk_ms: [] for chunk_ms in self.chunk_ms_choices}
@@ -173,8 +181,8 @@ class BatchingBackend:
             synthetic_weights=self.preset != "",
             parameter_count=params,
             weight_bytes=params * self.shape.bytes_per_param,
-            dtype=str(next(self.model.parameters()).dtype).removeprefix("torch."),
-            device=str(next(self.model.parameters()).device),
+            dtype=str(self.dtype).removeprefix("torch."),
+            device=str(self.device),
             shape=self.shape.as_facts(),
         )
 
@@ -190,7 +198,7 @@ class BatchingBackend:
         slot = self.free_slots.pop()
         context = self.contexts[settings.chunk_ms]
         self.reset_slot(slot, context)
-        return Stream(settings, context, fc.FeatureStream(self.model.preprocessor, self.shape.mel_bins), slot)
+        return Stream(settings, context, fc.FeatureStream(self.shape.mel_bins), slot, self.device)
 
     def _release(self, stream: Stream) -> None:
         self.free_slots.append(stream.slot)
@@ -314,7 +322,7 @@ class BatchingBackend:
             self._record(stream.settings.request_id, "streaming", stream.encoded, stream.token_ids)
         stream.updates.put_nowait(
             RecognitionUpdate(
-                transcript=fc.detokenize(self.model, stream.token_ids),
+                transcript=stream.transcript,
                 token_ids=tuple(stream.token_ids),
                 is_final=True,
                 audio_processed_s=stream.mel_consumed * fc.HOP_SAMPLES / fc.SAMPLE_RATE,
@@ -329,9 +337,13 @@ class BatchingBackend:
     @torch.inference_mode()  # grad mode is per thread: the worker threads need it set themselves
     def _step(self, streams: list[Stream]) -> list[RecognitionUpdate]:
         started = time.perf_counter()
+        # The new mel frames of every stream in one batched preprocessor call on the serving device: one
+        # call per stream would cost a CPU STFT (and a host-to-device copy) per stream per step.
+        segments = [stream.feature_segment() for stream in streams]
+        new_frames = fc.mel_frames(self.model.preprocessor, self.shape.mel_bins, segments, self.device)
         chunks = []
-        for stream in streams:
-            stream.take_features()
+        for stream, frames in zip(streams, new_frames, strict=True):
+            stream.add_features(frames)
             size = self.chunk_mel(stream)
             chunks.append(stream.pending[:, :size])
             stream.pending = stream.pending[:, size:]
@@ -347,6 +359,9 @@ class BatchingBackend:
         metrics.step_batch.labels(chunk_label).observe(len(streams))
         metrics.step_duration.labels(chunk_label).observe(finished - started)
         self.work.record_work(result.flops, result.read_bytes)
+        metrics.encoder_frames.labels(chunk_label).inc(sum(result.frames_computed))
+        mel_consumed = sum(chunk.shape[1] for chunk in chunks)
+        metrics.audio_processed.labels(chunk_label).inc(mel_consumed * fc.HOP_SAMPLES / fc.SAMPLE_RATE)
         updates = []
         for index, (stream, chunk, hypothesis) in enumerate(zip(streams, chunks, hypotheses, strict=True)):
             completed_at = stream.arrival_of_sample(
@@ -354,14 +369,15 @@ class BatchingBackend:
             )
             stream.mel_consumed += chunk.shape[1]
             stream.hypothesis = hypothesis
+            known = len(stream.token_ids)
             stream.token_ids = _token_list(hypothesis.y_sequence)
+            stream.transcript = self.detokenizer.extend(stream.transcript, stream.token_ids, known)
             if self.record_dir is not None:
-                stream.encoded.append(result.encoded[index, :, : result.lengths[index]].T.cpu().numpy().copy())
-            metrics.encoder_frames.labels(chunk_label).inc(result.frames_computed[index])
-            metrics.audio_processed.labels(chunk_label).inc(chunk.shape[1] * fc.HOP_SAMPLES / fc.SAMPLE_RATE)
+                frames = result.encoded[index, :, : result.lengths[index]].T
+                stream.encoded.append(frames.float().cpu().numpy().copy())
             updates.append(
                 RecognitionUpdate(
-                    transcript=fc.detokenize(self.model, stream.token_ids),
+                    transcript=stream.transcript,
                     token_ids=tuple(stream.token_ids),
                     is_final=False,
                     audio_processed_s=stream.mel_consumed * fc.HOP_SAMPLES / fc.SAMPLE_RATE,
@@ -384,9 +400,10 @@ class BatchingBackend:
         started = time.perf_counter()
         encoder = self.model.encoder
         encoder.set_default_att_context_size(self.contexts[settings.chunk_ms])
-        signal = torch.from_numpy(audio).unsqueeze(0)
-        mel, mel_len = self.model.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
-        encoded, encoded_len = encoder(audio_signal=mel.to(self.device), length=mel_len.to(self.device))
+        signal = torch.from_numpy(audio).unsqueeze(0).to(self.device)
+        length = torch.tensor([signal.shape[1]], device=self.device)
+        mel, mel_len = self.model.preprocessor(input_signal=signal, length=length)
+        encoded, encoded_len = encoder(audio_signal=mel.to(self.dtype), length=mel_len)
         token_ids: list[int] = []
         if int(encoded_len[0]) > 0:
             (hypothesis,) = self.model.decoding.rnnt_decoder_predictions_tensor(
@@ -394,10 +411,10 @@ class BatchingBackend:
             )
             token_ids = _token_list(hypothesis.y_sequence)
         if self.record_dir is not None and settings.request_id != "warm-up":
-            frames = encoded[0, :, : int(encoded_len[0])].T.cpu().numpy()
+            frames = encoded[0, :, : int(encoded_len[0])].T.float().cpu().numpy()
             self._record(settings.request_id, "offline", [frames], token_ids)
         return OfflineResult(
-            transcript=fc.detokenize(self.model, token_ids),
+            transcript=self.detokenizer(token_ids),
             token_ids=tuple(token_ids),
             audio_s=len(audio) / fc.SAMPLE_RATE,
             processing_s=time.perf_counter() - started,

@@ -73,14 +73,6 @@ def supported_chunk_ms(model) -> list[int]:
     return sorted((right + 1) * ENCODER_FRAME_MS for _left, right in model.encoder.att_context_size_all)
 
 
-def detokenize(model, token_ids: list[int]) -> str:
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None:
-        return tokenizer.ids_to_text(token_ids)
-    vocabulary = model.joint.vocabulary
-    return "".join(vocabulary[token] for token in token_ids if token < len(vocabulary))
-
-
 def encoder_frames_for_mel(mel_frames: int) -> int:
     """Encoder frames of `mel_frames` from the start of a clip: the causal 8x subsampling emits frame 0 from
     mel frame 0 alone, then one frame per 8 mel frames begun: 1 + ceil((M - 1) / 8)."""
@@ -88,14 +80,15 @@ def encoder_frames_for_mel(mel_frames: int) -> int:
 
 
 class FeatureStream:
-    """Log-mel frames of a growing clip, each computed once, bit-for-bit those of one pass over the whole clip.
+    """Log-mel frames of a growing clip, each computed once, equal to one pass over the whole clip (to float
+    rounding: batching changes the FFT/matmul blocking, observed <= 1 ulp).
 
     A frame centred on sample 160·t needs samples up to 160·t + 256, so frames lag the audio by 16 ms until
-    the end, where the clip is closed the way the offline preprocessor closes it (zero padding).
+    the end, where the clip is closed the way the offline preprocessor closes it (zero padding). This class
+    only cuts the audio; `mel_frames` computes many streams' segments in one batched preprocessor call.
     """
 
-    def __init__(self, preprocessor, mel_bins: int):
-        self.preprocessor = preprocessor
+    def __init__(self, mel_bins: int):
         self.mel_bins = mel_bins
         self.samples = np.zeros(0, dtype=np.float32)
         self.sample_offset = 0  # clip index of self.samples[0]
@@ -115,26 +108,68 @@ class FeatureStream:
             return total // HOP_SAMPLES
         return max(0, (total - STFT_HALF_WINDOW) // HOP_SAMPLES + 1)
 
-    def take(self, final: bool) -> torch.Tensor:
-        """The next frames [feat, n]; each frame of the clip is returned exactly once."""
+    def next_segment(self, final: bool) -> tuple[np.ndarray, int, int]:
+        """The audio the next frames are computed from, and which of its frames are new: (samples, skip, count).
+
+        The segment starts 4 frames early (640 samples > the 257 the window and pre-emphasis reach back), on
+        the hop grid, so its frames from `skip` on are the clip's own. Marks the frames as taken."""
         end = self.available(final)
         if end <= self.mel_done:
-            return torch.zeros(self.mel_bins, 0)
-        # Start 4 frames early (640 samples > the 257 the window and pre-emphasis reach back), on the hop grid.
+            return self.samples[:0], 0, 0
         first = max(0, self.mel_done - 4)
-        start = first * HOP_SAMPLES
-        segment = self.samples[start - self.sample_offset :]
-        with torch.inference_mode():
-            signal = torch.from_numpy(segment).unsqueeze(0)
-            mel, _ = self.preprocessor(input_signal=signal, length=torch.tensor([signal.shape[1]]))
-        frames = mel[0, :, self.mel_done - first : end - first]
+        segment = self.samples[first * HOP_SAMPLES - self.sample_offset :]
+        skip, count = self.mel_done - first, end - self.mel_done
         self.mel_done = end
-        # Keep only what the next call reaches back to.
+        # Keep only what the next segment reaches back to (`segment` keeps its own reference).
         keep_from = max(0, self.mel_done - 4) * HOP_SAMPLES
         if keep_from > self.sample_offset:
             self.samples = self.samples[keep_from - self.sample_offset :]
             self.sample_offset = keep_from
-        return frames
+        return segment, skip, count
+
+
+def mel_frames(preprocessor, mel_bins: int, segments: list[tuple[np.ndarray, int, int]], device) -> list[torch.Tensor]:
+    """The new frames [feat, count] of every segment from ONE batched preprocessor call on `device`.
+
+    Segments are zero-padded to the longest; the preprocessor masks each row at its own length (pre-emphasis
+    and frames), so a row's frames are those of the segment alone."""
+    empty = torch.zeros(mel_bins, 0, device=device)
+    busy = [index for index, (_samples, _skip, count) in enumerate(segments) if count]
+    if not busy:
+        return [empty] * len(segments)
+    longest = max(len(segments[index][0]) for index in busy)
+    signal = np.zeros((len(busy), longest), dtype=np.float32)
+    for row, index in enumerate(busy):
+        signal[row, : len(segments[index][0])] = segments[index][0]
+    lengths = torch.tensor([len(segments[index][0]) for index in busy])
+    mel, _ = preprocessor(input_signal=torch.from_numpy(signal).to(device), length=lengths.to(device))
+    frames = [empty] * len(segments)
+    for row, index in enumerate(busy):
+        _samples, skip, count = segments[index]
+        frames[index] = mel[row, :, skip : skip + count]
+    return frames
+
+
+class Detokenizer:
+    """Token ids to text. Greedy RNN-T only appends tokens, so a character vocabulary extends the text by the
+    new tokens alone (re-joining a whole transcript every step is O(length) per stream per step); a restored
+    checkpoint's tokenizer re-decodes, but only when tokens were added."""
+
+    def __init__(self, model):
+        self.tokenizer = getattr(model, "tokenizer", None)
+        self.vocabulary = None if self.tokenizer is not None else list(model.joint.vocabulary)  # not ListConfig
+
+    def __call__(self, token_ids: list[int]) -> str:
+        return self.extend("", token_ids, 0)
+
+    def extend(self, text: str, token_ids: list[int], known: int) -> str:
+        """The text of `token_ids`, given `text` of its first `known` ids."""
+        if len(token_ids) == known:
+            return text
+        if self.tokenizer is not None:
+            return self.tokenizer.ids_to_text(token_ids)
+        vocabulary = self.vocabulary
+        return text + "".join(vocabulary[token] for token in token_ids[known:] if token < len(vocabulary))
 
 
 @dataclasses.dataclass(frozen=True)

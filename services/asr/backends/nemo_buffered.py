@@ -49,10 +49,10 @@ class BufferedBackend(BatchingBackend):
         windows = []
         for stream, chunk in zip(streams, chunks, strict=True):
             if stream.history.shape[1] < window_mel:  # the buffer starts zero-filled, as in FrameBatchASR
-                stream.history = torch.zeros(stream.history.shape[0], window_mel)
+                stream.history = stream.history.new_zeros(stream.history.shape[0], window_mel)
             stream.history = torch.cat((stream.history, chunk), dim=1)[:, -window_mel:]
             windows.append(stream.history)
-        signal = torch.stack(windows).to(self.device)
+        signal = torch.stack(windows).to(self.device, self.dtype)
         encoder = self.model.encoder
         encoder.set_default_att_context_size(streams[0].context)
         lengths = torch.full((len(streams),), window_mel, device=self.device)

@@ -3,8 +3,8 @@
 Each stream owns a cache slot: its row in pooled tensors `cache_last_channel [layers, slots, left, d]`
 (attention keys/values of the last `left` frames), `cache_last_time [layers, slots, d, kernel-1]`
 (causal convolution state) and `cache_last_channel_len [slots]`. A batched step gathers the slots of the
-streams it steps (index_select along the batch dimension), runs NeMo's `cache_aware_stream_step` once
-for all of them, and scatters the updated caches back (index_copy_).
+streams it steps (a view when their slots are consecutive, else index_select along the batch dimension),
+runs NeMo's `cache_aware_stream_step` once for all of them, and scatters the updated caches back.
 
 Pre-encode history. The causal dw_striding subsampling needs the last 9 mel frames before a chunk
 (`pre_encode_cache_size`) and NeMo drops the 2 encoder frames they yield. When a stream has fewer than 9
@@ -75,27 +75,35 @@ class CacheAwareBackend(BatchingBackend):
         history, drop = self._history_and_drop(streams[0])
         inputs = []
         for stream, chunk in zip(streams, chunks, strict=True):
-            inputs.append(torch.cat((stream.history[:, stream.history.shape[1] - history :], chunk), dim=1))
-            stream.history = torch.cat((stream.history, chunk), dim=1)[:, -self.pre_encode_frames :]
+            piece = torch.cat((stream.history[:, stream.history.shape[1] - history :], chunk), dim=1)
+            inputs.append(piece)
+            # The next step's history is this input's tail (a view: no copy per stream per step).
+            if piece.shape[1] >= self.pre_encode_frames:
+                stream.history = piece[:, -self.pre_encode_frames :]
+            else:
+                stream.history = torch.cat((stream.history, chunk), dim=1)[:, -self.pre_encode_frames :]
         lengths = torch.tensor([piece.shape[1] for piece in inputs])
-        signal = torch.nn.utils.rnn.pad_sequence([piece.T for piece in inputs], batch_first=True).transpose(1, 2)
+        if all(piece.shape[1] == inputs[0].shape[1] for piece in inputs):  # the steady state: one stack
+            signal = torch.stack(inputs)
+        else:  # a stream's short last chunk: zero-pad (the encoder masks each stream at its length)
+            signal = torch.nn.utils.rnn.pad_sequence([piece.T for piece in inputs], batch_first=True).transpose(1, 2)
 
         channel_pool, time_pool, length_pool = self._pool(context[0])
-        slots = torch.tensor([stream.slot for stream in streams], device=self.device)
+        slots = _rows([stream.slot for stream in streams], self.device)
         encoder = self.model.encoder
         encoder.set_default_att_context_size(context)
         encoded, encoded_len, channel, time, length = encoder.cache_aware_stream_step(
-            processed_signal=signal.to(self.device),
+            processed_signal=signal.to(self.device, self.dtype),
             processed_signal_length=lengths.to(self.device),
-            cache_last_channel=channel_pool.index_select(1, slots),
-            cache_last_time=time_pool.index_select(1, slots),
-            cache_last_channel_len=length_pool.index_select(0, slots),
+            cache_last_channel=_gather(channel_pool, 1, slots),
+            cache_last_time=_gather(time_pool, 1, slots),
+            cache_last_channel_len=_gather(length_pool, 0, slots),
             keep_all_outputs=True,
             drop_extra_pre_encoded=drop,
         )
-        channel_pool.index_copy_(1, slots, channel)
-        time_pool.index_copy_(1, slots, time)
-        length_pool.index_copy_(0, slots, length)
+        _scatter(channel_pool, 1, slots, channel)
+        _scatter(time_pool, 1, slots, time)
+        _scatter(length_pool, 0, slots, length)
 
         new_frames = int(encoded_len.max())
         keys = context[0] + new_frames  # each new frame attends over the cache plus the chunk (dense, masked)
@@ -108,3 +116,24 @@ class CacheAwareBackend(BatchingBackend):
             flops=flops,
             read_bytes=self.shape.step_read_bytes(len(streams), with_cache=True),
         )
+
+
+def _rows(slots: list[int], device) -> slice | torch.Tensor:
+    """The pool rows of `slots`: a slice when they are consecutive (streams admitted together usually are),
+    which NeMo reads as a view instead of a gathered copy of every layer's cache."""
+    if slots == list(range(slots[0], slots[0] + len(slots))):
+        return slice(slots[0], slots[0] + len(slots))
+    return torch.tensor(slots, device=device)
+
+
+def _gather(pool: torch.Tensor, dim: int, rows: slice | torch.Tensor) -> torch.Tensor:
+    if isinstance(rows, slice):
+        return pool.narrow(dim, rows.start, rows.stop - rows.start)  # NeMo returns new caches; it never writes
+    return pool.index_select(dim, rows)
+
+
+def _scatter(pool: torch.Tensor, dim: int, rows: slice | torch.Tensor, values: torch.Tensor) -> None:
+    if isinstance(rows, slice):
+        pool.narrow(dim, rows.start, rows.stop - rows.start).copy_(values)
+    else:
+        pool.index_copy_(dim, rows, values)
