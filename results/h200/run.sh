@@ -17,6 +17,9 @@ stages=${*:-ceilings asr-engine asr-service tts-eager tts-compiled}
 ENGINE_CHUNKS=${ENGINE_CHUNKS:-320,80,160,560,1120}
 CACHE_AWARE_CHUNKS=${CACHE_AWARE_CHUNKS:-320,80,160,560,1120}
 BUFFERED_CHUNKS=${BUFFERED_CHUNKS:-320,80,160,560,1120}
+# ASR: dtype of encoder/decoder/caches, and the capacity search (one try per probe, bisect to within 10 %)
+ASR_DTYPE=${ASR_DTYPE:-bfloat16}
+ASR_SEARCH=${ASR_SEARCH:---repeats 1 --precision 0.1}
 # TTS worker counts (each worker is one VoxCPM2 copy in its own process; compiled ones compile ~23 s each).
 TTS_EAGER_WORKERS=${TTS_EAGER_WORKERS:-1,2,4,8}
 TTS_COMPILED_WORKERS=${TTS_COMPILED_WORKERS:-1,2,4}
@@ -52,14 +55,21 @@ PY
         cat "$OUT/ceilings.json" "$OUT/ceilings.err"
         ;;
     asr-engine) # NeMo's own batched loop, no gRPC: the ceiling
-        timeout 200 python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda --threads 8 \
-            --only engine --max-streams 2048 --chunks "$ENGINE_CHUNKS" 2>&1 | tee -a "$OUT/asr_engine.txt"
+        timeout "${ASR_ENGINE_S:-200}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
+            --dtype "$ASR_DTYPE" --threads 8 --only engine --max-streams 2048 --chunks "$ENGINE_CHUNKS" $ASR_SEARCH \
+            2>&1 | tee -a "$OUT/asr_engine.txt"
         ;;
-    asr-service) # the gRPC service, cache-aware then buffered
-        timeout 170 python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda --threads 8 \
-            --only cache-aware --max-streams 1024 --chunks "$CACHE_AWARE_CHUNKS" 2>&1 | tee -a "$OUT/asr_cache_aware.txt"
-        timeout 120 python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda --threads 8 \
-            --only buffered --max-streams 1024 --chunks "$BUFFERED_CHUNKS" 2>&1 | tee -a "$OUT/asr_buffered.txt"
+    asr-service) # the gRPC service, cache-aware then buffered; float32 if the dtype asked for fails to start
+        for backend in cache-aware buffered; do
+            chunks=$CACHE_AWARE_CHUNKS limit=${ASR_CACHE_AWARE_S:-240}
+            [ $backend = buffered ] && chunks=$BUFFERED_CHUNKS limit=${ASR_BUFFERED_S:-150}
+            for dtype in "$ASR_DTYPE" float32; do
+                timeout "$limit" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda --dtype "$dtype" \
+                    --threads 8 --only $backend --max-streams 2048 --chunks "$chunks" $ASR_SEARCH 2>&1 \
+                    | tee -a "$OUT/asr_$backend.txt"
+                grep -q "service $backend" "$OUT/asr_$backend.txt" && break
+            done
+        done
         ;;
     tts-eager)
         timeout 240 python3 -m services.tts.benchmark --preset voxcpm2 --device cuda --threads 2 --rounds 5 \
