@@ -21,7 +21,12 @@ try:
     import vllm
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.exceptions import VLLMClientError
+
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:  # vLLM <= 0.26 (the CUDA builds for torch 2.11): request checks raise this one
+        from vllm.exceptions import VLLMValidationError as VLLMClientError
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.loggers import StatLoggerBase
@@ -97,6 +102,17 @@ def model_shape(vllm_config) -> ModelShape:
     return ModelShape.from_hf_config(vllm_config.model_config.hf_text_config, weight_bytes, kv_bytes)
 
 
+def engine_input(engine: AsyncLLM, prompt_ids: list[int]):
+    """Token ids rendered for the engine as AsyncLLM renders a raw prompt (same checks, same result), but here,
+    inline. Handed a raw prompt, AsyncLLM renders it on a thread pool, a hop made for tokenising text that
+    token ids do not need: it cost ~1 ms per request on two cores, tens of ms when the event loop is busy
+    (the worker thread waits for the GIL)."""
+    renderer = engine.renderer
+    parsed = parse_model_prompt(engine.model_config, {"prompt_token_ids": prompt_ids})
+    (rendered,) = renderer.render_cmpl([parsed], renderer.default_cmpl_tok_params)
+    return rendered
+
+
 class EngineStepLogger(StatLoggerBase):
     """vLLM calls `record` once per engine step with that step's scheduler and iteration stats."""
 
@@ -128,6 +144,7 @@ class VllmGenerator:
         self._building: asyncio.Future | None = None
         self.shape: ModelShape | None = None
         self.tokenizer = None
+        self.work = service_metrics("llm")
         self.vocab_size = 0
         self.max_model_len = 0
 
@@ -155,7 +172,7 @@ class VllmGenerator:
     async def _warm_up(self) -> None:
         """One short request, so the first real one does not pay for lazy initialisation."""
         params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
-        async for _ in self.engine.generate({"prompt_token_ids": [0, 1, 2, 3]}, params, "warm-up"):
+        async for _ in self.engine.generate(engine_input(self.engine, [0, 1, 2, 3]), params, "warm-up"):
             pass
 
     async def stop(self) -> None:
@@ -228,42 +245,51 @@ class VllmGenerator:
             output_kind=RequestOutputKind.DELTA,
         )
         metrics.prompt_tokens.inc(prompt_len)
-        work = service_metrics("llm")
-        shape = self.shape
+        try:
+            prompt = engine_input(self.engine, prompt_ids)
+        except VLLMClientError as error:
+            raise InvalidRequest("prompt", str(error)) from None
         generated = 0
         first_at = last_at = 0.0
         # Closing vLLM's generator (client gone, stream cancelled) makes vLLM abort the engine request.
-        stream = self.engine.generate({"prompt_token_ids": prompt_ids}, params, request.request_id)
+        stream = self.engine.generate(prompt, params, request.request_id)
         async with contextlib.aclosing(self._rejections_named(stream)) as outputs:
             async for output in outputs:
                 now = time.perf_counter()
                 sample = output.outputs[0]
-                new_ids = sample.token_ids
-                count = len(new_ids)
+                count = len(sample.token_ids)
+                before, previous_at = generated, last_at
                 if count:
-                    if generated == 0:
-                        first_at = now
-                        metrics.time_to_first_token.observe(now - received)
-                        step = shape.prefill_work(prompt_len, output.num_cached_tokens or 0)
-                        if count > 1:
-                            step = step + shape.decode_work(prompt_len, 2, count)
-                    else:
-                        gap = (now - last_at) / count
-                        for _ in range(count):
-                            metrics.inter_token_latency.observe(gap)
-                        step = shape.decode_work(prompt_len, generated + 1, generated + count)
-                    work.record_work(step.flops, step.read_bytes, 0)
-                    metrics.generated_tokens.inc(count)
+                    first_at = first_at or now
                     generated += count
                     last_at = now
-                if not output.finished:
-                    yield TokenDelta(sample.text, tuple(new_ids))
-                    continue
-                yield TokenDelta(
-                    sample.text,
-                    tuple(new_ids),
-                    self._completion(output, prompt_len, generated, received, first_at, last_at),
-                )
+                completion = None
+                if output.finished:
+                    completion = self._completion(output, prompt_len, generated, received, first_at, last_at)
+                try:
+                    yield TokenDelta(sample.text, tuple(sample.token_ids), completion)
+                finally:
+                    # Accounted once the delta is sent (the consumer asks for the next one after its write):
+                    # metrics stay off the path of the token to the client.
+                    if count:
+                        cached = output.num_cached_tokens or 0
+                        self._account(prompt_len, cached, before, count, received, previous_at, now)
+
+    def _account(self, prompt_len, cached, before, count, received, previous_at, now) -> None:
+        """Latency metrics and model work of `count` tokens that arrived at `now`, after `before` tokens."""
+        shape = self.shape
+        if before == 0:
+            metrics.time_to_first_token.observe(now - received)
+            step = shape.prefill_work(prompt_len, cached)
+            if count > 1:
+                step = step + shape.decode_work(prompt_len, 2, count)
+        else:
+            gap = (now - previous_at) / count
+            for _ in range(count):
+                metrics.inter_token_latency.observe(gap)
+            step = shape.decode_work(prompt_len, before + 1, before + count)
+        self.work.record_work(step.flops, step.read_bytes, 0)
+        metrics.generated_tokens.inc(count)
 
     @staticmethod
     async def _rejections_named(stream):
