@@ -42,7 +42,7 @@ unpack() { # $1 = part number
     fi
 }
 
-patch_service() { # the vLLM 0.26 changes (/work/notes/llm-vllm026.patch) unless the tree has them already
+patch_service() { # the vLLM 0.26 changes (results/h200/llm-vllm026.patch (applied on main)) unless the tree has them already
     grep -q -- '--gpu-memory-utilization' services/llm/benchmark.py && grep -q VLLMValidationError services/llm/backends/vllm.py \
         && return 0
     echo "applying $HERE/llm-vllm026.patch to this copy of the tree"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import time
 
 import grpc
@@ -96,14 +97,20 @@ class EngineDirect:
 
 
 # --- the service -------------------------------------------------------------------------------------------
-async def _one_stream(stub, chunk_ms: int, audio: np.ndarray) -> float:
+def piece_samples(chunk_ms: int, piece_ms: int) -> int:
+    """Samples per audio message: `piece_ms`, or with 0 the larger of one chunk and 100 ms. A piece shorter than
+    a chunk cannot make a step earlier (a step needs its whole chunk) but costs a gRPC message each."""
+    return 16 * (piece_ms or max(chunk_ms, 100))
+
+
+async def _one_stream(stub, chunk_ms: int, audio: np.ndarray, piece: int) -> float:
     async def messages():
         config = asr_pb2.RecognitionConfig(
             sample_rate_hz=16000, encoding=common_pb2.AUDIO_ENCODING_FLOAT32, chunk_ms=chunk_ms, interim_results=True
         )
         yield asr_pb2.StreamingRecognizeRequest(config=config)
-        for start in range(0, len(audio), 1600):  # 100 ms pieces
-            yield asr_pb2.StreamingRecognizeRequest(audio=audio[start : start + 1600].tobytes())
+        for start in range(0, len(audio), piece):
+            yield asr_pb2.StreamingRecognizeRequest(audio=audio[start : start + piece].tobytes())
 
     started = time.perf_counter()
     async for response in stub.StreamingRecognize(messages()):
@@ -112,11 +119,12 @@ async def _one_stream(stub, chunk_ms: int, audio: np.ndarray) -> float:
     return (time.perf_counter() - started) / (len(audio) / 16000)
 
 
-async def service_rtf(address: str, chunk_ms: int, streams: int) -> float:
+async def service_rtf(address: str, chunk_ms: int, streams: int, piece_ms: int = 0) -> float:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = asr_pb2_grpc.SpeechRecognizerStub(channel)
         audio = clips(streams, clip_seconds(chunk_ms))
-        rtfs = await asyncio.gather(*(_one_stream(stub, chunk_ms, piece) for piece in audio))
+        piece = piece_samples(chunk_ms, piece_ms)
+        rtfs = await asyncio.gather(*(_one_stream(stub, chunk_ms, clip, piece) for clip in audio))
     return max(rtfs)
 
 
@@ -161,7 +169,16 @@ def capacity(measure, limit: int, repeats: int = 2, precision: float = 0.0) -> t
 
 
 def run_service(
-    backend: str, preset: str, limit: int, chunks, threads: int, loop, device: str, dtype: str, search: dict
+    backend: str,
+    preset: str,
+    limit: int,
+    chunks,
+    threads: int,
+    loop,
+    device: str,
+    dtype: str,
+    search: dict,
+    piece_ms: int,
 ) -> dict[int, tuple[int, float]]:
     args = ["--preset", preset, "--backend", backend, "--max-streams", str(limit), "--max-batch-streams", str(limit)]
     args += ["--threads", str(threads), "--device", device, "--dtype", dtype]
@@ -178,7 +195,9 @@ def run_service(
         results = {}
         for chunk_ms in chunks:
             results[chunk_ms] = capacity(
-                lambda n, c=chunk_ms: loop.run_until_complete(service_rtf(service.address, c, n)), limit, **search
+                lambda n, c=chunk_ms: loop.run_until_complete(service_rtf(service.address, c, n, piece_ms)),
+                limit,
+                **search,
             )
             print(f"  service {backend:11s} {chunk_ms:5d} ms: {results[chunk_ms][0]} streams", flush=True)
         return results
@@ -199,6 +218,9 @@ def main() -> None:
     parser.add_argument(
         "--only", default="engine,cache-aware,buffered", help="which of engine, cache-aware, buffered to measure"
     )
+    parser.add_argument(
+        "--piece-ms", type=int, default=0, help="audio per client message (0: one chunk, at least 100 ms)"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="tries of a failing probe (best one counts)")
     parser.add_argument(
         "--precision", type=float, default=0.0, help="stop bisecting within this fraction of N (0: exact)"
@@ -211,6 +233,9 @@ def main() -> None:
 
     direct = {c: (0, float("nan")) for c in chunks}
     engine = EngineDirect(args.preset, args.threads, args.device, args.dtype) if "engine" in only else None
+    # Keep the collector off the objects torch and NeMo made at import (the service does the same): full
+    # collections walking them would slow engine-direct and the gRPC clients alike.
+    gc.freeze()
     for chunk_ms in chunks if engine else ():
         engine.rtf(chunk_ms, 1)  # warm-up
         direct[chunk_ms] = capacity(lambda n, c=chunk_ms: engine.rtf(c, n), args.max_streams, **search)
@@ -222,13 +247,23 @@ def main() -> None:
     for backend in ("cache-aware", "buffered"):
         if backend in only:
             measured[backend] = run_service(
-                backend, args.preset, args.max_streams, chunks, args.threads, loop, args.device, args.dtype, search
+                backend,
+                args.preset,
+                args.max_streams,
+                chunks,
+                args.threads,
+                loop,
+                args.device,
+                args.dtype,
+                search,
+                args.piece_ms,
             )
     cache_aware, buffered = measured.get("cache-aware", skipped), measured.get("buffered", skipped)
 
     print(
         f"\nreal-time stream capacity (per-stream RTF < 1), preset {args.preset}, device {args.device} {args.dtype}, "
-        f"{args.threads} torch thread(s); 0 with RTF nan = not measured"
+        f"{args.threads} torch thread(s); client audio pieces "
+        f"{args.piece_ms or 'max(chunk, 100)'} ms; 0 with RTF nan = not measured"
     )
     print("chunk_ms | engine-direct | service cache-aware | service/engine | service buffered | cache-aware/buffered")
     for chunk_ms in chunks:

@@ -26,6 +26,7 @@ import torch
 from services.asr import metrics
 from services.asr.backend import OfflineResult, RecognitionUpdate, StreamSettings
 from services.asr.backends import fastconformer as fc
+from services.asr.backends.greedy import GreedyDecoder
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
 
@@ -47,8 +48,7 @@ class Stream:
         # computed but not consumed yet.
         self.history = torch.zeros(features.mel_bins, 0, device=device)
         self.pending = torch.zeros(features.mel_bins, 0, device=device)
-        self.hypothesis = None  # NeMo Hypothesis carried between steps (decoder state, tokens so far)
-        self.token_ids: list[int] = []
+        self.token_ids: list[int] = []  # the decoder's state is in the backend's pool, row `slot`
         self.transcript = ""  # the text of token_ids, extended as tokens are added
         self.closed = False
         self.closed_at = 0.0
@@ -122,6 +122,7 @@ class BatchingBackend:
         self.device = next(model.encoder.parameters()).device
         self.dtype = next(model.encoder.parameters()).dtype  # encoder and decoder compute in it; mel is float32
         self.detokenizer = fc.Detokenizer(model)
+        self.decoder = GreedyDecoder(model, max_streams, self.device)
         self.chunk_ms_choices = tuple(fc.supported_chunk_ms(model))
         self.contexts = {chunk_ms: fc.context_for_chunk_ms(model, chunk_ms) for chunk_ms in self.chunk_ms_choices}
         self.streams: dict[int, list[Stream]] = {chunk_ms: [] for chunk_ms in self.chunk_ms_choices}
@@ -198,6 +199,7 @@ class BatchingBackend:
         slot = self.free_slots.pop()
         context = self.contexts[settings.chunk_ms]
         self.reset_slot(slot, context)
+        self.decoder.reset(slot)
         return Stream(settings, context, fc.FeatureStream(self.shape.mel_bins), slot, self.device)
 
     def _release(self, stream: Stream) -> None:
@@ -348,11 +350,8 @@ class BatchingBackend:
             chunks.append(stream.pending[:, :size])
             stream.pending = stream.pending[:, size:]
         result = self.encode_group(streams, chunks)
-        hypotheses = self.model.decoding.rnnt_decoder_predictions_tensor(
-            encoder_output=result.encoded,
-            encoded_lengths=torch.tensor(result.lengths, device=self.device),
-            return_hypotheses=True,
-            partial_hypotheses=[stream.hypothesis for stream in streams],
+        new_tokens = self.decoder.decode(
+            result.encoded, torch.tensor(result.lengths, device=self.device), [stream.slot for stream in streams]
         )
         finished = time.perf_counter()
         chunk_label = str(streams[0].settings.chunk_ms)
@@ -363,14 +362,13 @@ class BatchingBackend:
         mel_consumed = sum(chunk.shape[1] for chunk in chunks)
         metrics.audio_processed.labels(chunk_label).inc(mel_consumed * fc.HOP_SAMPLES / fc.SAMPLE_RATE)
         updates = []
-        for index, (stream, chunk, hypothesis) in enumerate(zip(streams, chunks, hypotheses, strict=True)):
+        for index, (stream, chunk, tokens) in enumerate(zip(streams, chunks, new_tokens, strict=True)):
             completed_at = stream.arrival_of_sample(
                 (stream.mel_consumed + chunk.shape[1] - 1) * fc.HOP_SAMPLES + fc.STFT_HALF_WINDOW
             )
             stream.mel_consumed += chunk.shape[1]
-            stream.hypothesis = hypothesis
             known = len(stream.token_ids)
-            stream.token_ids = _token_list(hypothesis.y_sequence)
+            stream.token_ids += tokens
             stream.transcript = self.detokenizer.extend(stream.transcript, stream.token_ids, known)
             if self.record_dir is not None:
                 frames = result.encoded[index, :, : result.lengths[index]].T

@@ -92,14 +92,15 @@ class FeatureStream:
         self.mel_bins = mel_bins
         self.samples = np.zeros(0, dtype=np.float32)
         self.sample_offset = 0  # clip index of self.samples[0]
+        self.arrived: list[np.ndarray] = []  # pieces not joined to `samples` yet
+        self.total_samples = 0
         self.mel_done = 0  # frames already returned
 
-    @property
-    def total_samples(self) -> int:
-        return self.sample_offset + len(self.samples)
-
     def append(self, audio: np.ndarray) -> None:
-        self.samples = np.concatenate((self.samples, audio))
+        # Joined once per step in next_segment: joining per piece copies the kept samples again for every
+        # piece (quadratic when a client sends many pieces between two steps).
+        self.arrived.append(audio)
+        self.total_samples += len(audio)
 
     def available(self, final: bool) -> int:
         """Mel frames that can be computed exactly now (all of them once the clip is closed)."""
@@ -116,6 +117,9 @@ class FeatureStream:
         end = self.available(final)
         if end <= self.mel_done:
             return self.samples[:0], 0, 0
+        if self.arrived:
+            self.samples = np.concatenate((self.samples, *self.arrived))
+            self.arrived.clear()
         first = max(0, self.mel_done - 4)
         segment = self.samples[first * HOP_SAMPLES - self.sample_offset :]
         skip, count = self.mel_done - first, end - self.mel_done

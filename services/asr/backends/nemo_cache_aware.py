@@ -22,6 +22,7 @@ import torch
 
 from services.asr.backends import fastconformer as fc
 from services.asr.backends.batching import BatchingBackend, GroupResult, Stream
+from services.asr.backends.greedy import gather, rows, scatter
 
 
 class CacheAwareBackend(BatchingBackend):
@@ -70,70 +71,63 @@ class CacheAwareBackend(BatchingBackend):
     def group_key(self, stream: Stream) -> tuple:
         return self._history_and_drop(stream)
 
+    @staticmethod
+    def _signal(streams: list[Stream], chunks: list[torch.Tensor], history: int) -> tuple[torch.Tensor, list[int]]:
+        """Each stream's `history` frames then its chunk, as one batch [B, mel, T], and each row's width."""
+        if all(chunk.shape[1] == chunks[0].shape[1] for chunk in chunks):  # the steady state
+            # Stack the histories and the chunks and join them once: a join per stream would be a kernel
+            # launch per stream per step on a GPU.
+            signal = torch.stack(chunks)
+            if history:
+                tails = torch.stack([stream.history[:, stream.history.shape[1] - history :] for stream in streams])
+                signal = torch.cat((tails, signal), dim=2)
+            return signal, [signal.shape[2]] * len(streams)
+        # A stream's short last chunk: zero-pad (the encoder masks each stream at its length).
+        inputs = [
+            torch.cat((stream.history[:, stream.history.shape[1] - history :], chunk), dim=1)
+            for stream, chunk in zip(streams, chunks, strict=True)
+        ]
+        signal = torch.nn.utils.rnn.pad_sequence([piece.T for piece in inputs], batch_first=True).transpose(1, 2)
+        return signal, [piece.shape[1] for piece in inputs]
+
     def encode_group(self, streams: list[Stream], chunks: list[torch.Tensor]) -> GroupResult:
         context = streams[0].context
         history, drop = self._history_and_drop(streams[0])
-        inputs = []
-        for stream, chunk in zip(streams, chunks, strict=True):
-            piece = torch.cat((stream.history[:, stream.history.shape[1] - history :], chunk), dim=1)
-            inputs.append(piece)
+        signal, widths = self._signal(streams, chunks, history)
+        for index, (stream, chunk) in enumerate(zip(streams, chunks, strict=True)):
             # The next step's history is this input's tail (a view: no copy per stream per step).
-            if piece.shape[1] >= self.pre_encode_frames:
-                stream.history = piece[:, -self.pre_encode_frames :]
+            if widths[index] >= self.pre_encode_frames:
+                stream.history = signal[index, :, widths[index] - self.pre_encode_frames : widths[index]]
             else:
                 stream.history = torch.cat((stream.history, chunk), dim=1)[:, -self.pre_encode_frames :]
-        lengths = torch.tensor([piece.shape[1] for piece in inputs])
-        if all(piece.shape[1] == inputs[0].shape[1] for piece in inputs):  # the steady state: one stack
-            signal = torch.stack(inputs)
-        else:  # a stream's short last chunk: zero-pad (the encoder masks each stream at its length)
-            signal = torch.nn.utils.rnn.pad_sequence([piece.T for piece in inputs], batch_first=True).transpose(1, 2)
+        lengths = torch.tensor(widths)
 
         channel_pool, time_pool, length_pool = self._pool(context[0])
-        slots = _rows([stream.slot for stream in streams], self.device)
+        slots = rows([stream.slot for stream in streams], self.device)
         encoder = self.model.encoder
         encoder.set_default_att_context_size(context)
         encoded, encoded_len, channel, time, length = encoder.cache_aware_stream_step(
             processed_signal=signal.to(self.device, self.dtype),
             processed_signal_length=lengths.to(self.device),
-            cache_last_channel=_gather(channel_pool, 1, slots),
-            cache_last_time=_gather(time_pool, 1, slots),
-            cache_last_channel_len=_gather(length_pool, 0, slots),
+            cache_last_channel=gather(channel_pool, 1, slots),
+            cache_last_time=gather(time_pool, 1, slots),
+            cache_last_channel_len=gather(length_pool, 0, slots),
             keep_all_outputs=True,
             drop_extra_pre_encoded=drop,
         )
-        _scatter(channel_pool, 1, slots, channel)
-        _scatter(time_pool, 1, slots, time)
-        _scatter(length_pool, 0, slots, length)
+        scatter(channel_pool, 1, slots, channel)
+        scatter(time_pool, 1, slots, time)
+        scatter(length_pool, 0, slots, length)
 
-        new_frames = int(encoded_len.max())
+        frames = encoded_len.tolist()  # the step's one device-to-host sync before decoding
+        new_frames = max(frames)
         keys = context[0] + new_frames  # each new frame attends over the cache plus the chunk (dense, masked)
         mel_frames = int(lengths.max())
         flops = self.shape.step_flops(len(streams), new_frames, keys, mel_frames, new_frames + drop)
         return GroupResult(
             encoded=encoded,
-            lengths=encoded_len.tolist(),
-            frames_computed=encoded_len.tolist(),
+            lengths=frames,
+            frames_computed=frames,
             flops=flops,
             read_bytes=self.shape.step_read_bytes(len(streams), with_cache=True),
         )
-
-
-def _rows(slots: list[int], device) -> slice | torch.Tensor:
-    """The pool rows of `slots`: a slice when they are consecutive (streams admitted together usually are),
-    which NeMo reads as a view instead of a gathered copy of every layer's cache."""
-    if slots == list(range(slots[0], slots[0] + len(slots))):
-        return slice(slots[0], slots[0] + len(slots))
-    return torch.tensor(slots, device=device)
-
-
-def _gather(pool: torch.Tensor, dim: int, rows: slice | torch.Tensor) -> torch.Tensor:
-    if isinstance(rows, slice):
-        return pool.narrow(dim, rows.start, rows.stop - rows.start)  # NeMo returns new caches; it never writes
-    return pool.index_select(dim, rows)
-
-
-def _scatter(pool: torch.Tensor, dim: int, rows: slice | torch.Tensor, values: torch.Tensor) -> None:
-    if isinstance(rows, slice):
-        pool.narrow(dim, rows.start, rows.stop - rows.start).copy_(values)
-    else:
-        pool.index_copy_(dim, rows, values)

@@ -1,0 +1,86 @@
+"""Batched greedy RNN-T decoding with the decoder state of every stream in pooled tensors, one row per slot.
+
+NeMo's `rnnt_decoder_predictions_tensor(partial_hypotheses=...)` carries state in one `Hypothesis` per stream:
+every step it stacks B per-stream states into a batch, splits the result back into B items, builds B new
+Hypothesis objects, concatenates each stream's whole token history (`merge_`) and re-detokenizes each whole
+transcript (`decode_hypothesis`) — Python work per stream per step that grows with the transcript, and
+small tensor ops that each cost a kernel launch on a GPU. Here the label-looping computer NeMo's greedy_batch
+decoder runs (the same algorithm, the same tokens) gets its state gathered from the pool by slot (a view when
+the slots are consecutive) and scattered back, and the step's new tokens of all streams come to the host in
+one copy. Per-stream work is then O(new tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedLabelLoopingState
+
+
+def rows(slots: list[int], device) -> slice | torch.Tensor:
+    """The pool rows of `slots`: a slice when they are consecutive (streams admitted together usually are),
+    read as a view instead of a gathered copy."""
+    if slots == list(range(slots[0], slots[0] + len(slots))):
+        return slice(slots[0], slots[0] + len(slots))
+    return torch.tensor(slots, device=device)
+
+
+def gather(pool: torch.Tensor, dim: int, at: slice | torch.Tensor) -> torch.Tensor:
+    if isinstance(at, slice):
+        return pool.narrow(dim, at.start, at.stop - at.start)
+    return pool.index_select(dim, at)
+
+
+def scatter(pool: torch.Tensor, dim: int, at: slice | torch.Tensor, values: torch.Tensor) -> None:
+    if isinstance(at, slice):
+        pool.narrow(dim, at.start, at.stop - at.start).copy_(values)
+    else:
+        pool.index_copy_(dim, at, values)
+
+
+class GreedyDecoder:
+    """Decoder state per slot: predictor LSTM (h, c) [layers, slots, hidden], predictor output, last label and
+    decoded length; a new stream's slot starts from the state after <SOS>, as NeMo starts an empty one."""
+
+    def __init__(self, model, slots: int, device):
+        self.computer = getattr(model.decoding.decoding, "decoding_computer", None)
+        if self.computer is None:
+            raise ValueError("the ASR service needs greedy_batch RNN-T decoding with loop_labels (NeMo's default)")
+        with torch.no_grad():  # plain tensors (not inference tensors): slots are reset outside inference mode
+            start = self.computer._get_batched_decoding_state_after_sos(device=device, batch_size=1)
+        if start.fusion_states_list or not isinstance(start.predictor_states, (tuple, list)):
+            raise ValueError("the ASR service supports an LSTM prediction network without fusion models")
+        self.start = start
+        self.device = device
+        # Predictor states are [layers, batch, hidden]; the others have batch first.
+        self.states = [state.repeat(1, slots, 1) for state in start.predictor_states]
+        self.outputs = start.predictor_outputs.repeat(slots, *[1] * (start.predictor_outputs.dim() - 1))
+        self.labels = start.labels.repeat(slots)
+        self.lengths = start.decoded_lengths.repeat(slots)
+
+    def reset(self, slot: int) -> None:
+        for pool, state in zip(self.states, self.start.predictor_states, strict=True):
+            pool[:, slot] = state[:, 0]
+        self.outputs[slot] = self.start.predictor_outputs[0]
+        self.labels[slot] = self.start.labels[0]
+        self.lengths[slot] = self.start.decoded_lengths[0]
+
+    def decode(self, encoded: torch.Tensor, lengths: torch.Tensor, slots: list[int]) -> list[list[int]]:
+        """The new token ids of each stream for encoder output [B, D, T] with valid `lengths` [B]."""
+        at = rows(slots, self.device)
+        previous = BatchedLabelLoopingState(
+            predictor_states=[gather(pool, 1, at) for pool in self.states],
+            predictor_outputs=gather(self.outputs, 0, at),
+            labels=gather(self.labels, 0, at),
+            decoded_lengths=gather(self.lengths, 0, at),
+        )
+        hyps, state = self.computer(x=encoded.transpose(1, 2), out_len=lengths, prev_batched_state=previous)
+        batch = len(slots)  # with CUDA graphs NeMo returns the state padded to its graphs' batch size
+        for pool, value in zip(self.states, state.predictor_states, strict=True):
+            scatter(pool, 1, at, value[:, :batch])
+        scatter(self.outputs, 0, at, state.predictor_outputs[:batch])
+        scatter(self.labels, 0, at, state.labels[:batch])
+        scatter(self.lengths, 0, at, state.decoded_lengths[:batch])
+        counts, tokens, *_ = hyps.get_data_without_blank()
+        # One device-to-host copy for every stream's count and tokens (the only sync of the decode).
+        table = torch.cat((counts[:batch, None], tokens[:batch]), dim=1).cpu().tolist()
+        return [row[1 : 1 + row[0]] for row in table]
