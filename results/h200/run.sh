@@ -60,7 +60,7 @@ PY
             2>&1 | tee -a "$OUT/asr_engine.txt"
         ;;
     asr-service) # the gRPC service, cache-aware then buffered; float32 if the dtype asked for fails to start
-        for backend in cache-aware buffered; do
+        for backend in ${ASR_BACKENDS:-cache-aware buffered}; do
             chunks=$CACHE_AWARE_CHUNKS limit=${ASR_CACHE_AWARE_S:-240}
             [ $backend = buffered ] && chunks=$BUFFERED_CHUNKS limit=${ASR_BUFFERED_S:-150}
             for dtype in "$ASR_DTYPE" float32; do
