@@ -8,7 +8,6 @@ INVALID_ARGUMENT naming the field; more than `max_streams` concurrent streams is
 from __future__ import annotations
 
 import asyncio
-import gc
 import uuid
 from collections.abc import AsyncIterator
 
@@ -66,11 +65,6 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
         if self.backend is None:
             self.backend = await asyncio.to_thread(load_backend, self.config)
         await self.backend.start()
-        # torch and NeMo leave millions of long-lived objects; every full collection walks them all, and the
-        # allocation rate of a few hundred streams (messages, tasks, futures) triggers collections often
-        # enough that they took half of the event loop's time. Freezing moves what start-up made out of
-        # the collector's sight; what streams allocate afterwards is still collected.
-        gc.freeze()
         self.ready = True
 
     async def stop(self) -> None:

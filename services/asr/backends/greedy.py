@@ -15,26 +15,7 @@ from __future__ import annotations
 import torch
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedLabelLoopingState
 
-
-def rows(slots: list[int], device) -> slice | torch.Tensor:
-    """The pool rows of `slots`: a slice when they are consecutive (streams admitted together usually are),
-    read as a view instead of a gathered copy."""
-    if slots == list(range(slots[0], slots[0] + len(slots))):
-        return slice(slots[0], slots[0] + len(slots))
-    return torch.tensor(slots, device=device)
-
-
-def gather(pool: torch.Tensor, dim: int, at: slice | torch.Tensor) -> torch.Tensor:
-    if isinstance(at, slice):
-        return pool.narrow(dim, at.start, at.stop - at.start)
-    return pool.index_select(dim, at)
-
-
-def scatter(pool: torch.Tensor, dim: int, at: slice | torch.Tensor, values: torch.Tensor) -> None:
-    if isinstance(at, slice):
-        pool.narrow(dim, at.start, at.stop - at.start).copy_(values)
-    else:
-        pool.index_copy_(dim, at, values)
+from services.asr.backends.slots import gather, rows, scatter
 
 
 class GreedyDecoder:

@@ -22,7 +22,7 @@ import torch
 
 from services.asr.backends import fastconformer as fc
 from services.asr.backends.batching import BatchingBackend, GroupResult, Stream
-from services.asr.backends.greedy import gather, rows, scatter
+from services.asr.backends.slots import gather, rows, scatter
 
 
 class CacheAwareBackend(BatchingBackend):

@@ -1,0 +1,27 @@
+"""Per-stream state pooled in tensors with one row per cache slot (encoder caches, decoder state): the rows
+of a step's streams are read and written back together."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rows(slots: list[int], device) -> slice | torch.Tensor:
+    """The pool rows of `slots`: a slice when they are consecutive (streams admitted together usually are),
+    read as a view instead of a gathered copy."""
+    if slots == list(range(slots[0], slots[0] + len(slots))):
+        return slice(slots[0], slots[0] + len(slots))
+    return torch.tensor(slots, device=device)
+
+
+def gather(pool: torch.Tensor, dim: int, at: slice | torch.Tensor) -> torch.Tensor:
+    if isinstance(at, slice):
+        return pool.narrow(dim, at.start, at.stop - at.start)
+    return pool.index_select(dim, at)
+
+
+def scatter(pool: torch.Tensor, dim: int, at: slice | torch.Tensor, values: torch.Tensor) -> None:
+    if isinstance(at, slice):
+        pool.narrow(dim, at.start, at.stop - at.start).copy_(values)
+    else:
+        pool.index_copy_(dim, at, values)
