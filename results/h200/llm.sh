@@ -63,7 +63,8 @@ bench() { # $1 preset, $2 time limit (s), $3... concurrency levels
 run() {
     [ -f "$SITE/.vllm026-complete" ] || { echo "$SITE is not complete: run the unpack calls first (back to back)"; return 1; }
     export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
-        TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+        TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
+    # FlashInfer is not shipped; vLLM's GPU sampler imports it unless told not to (PyTorch top-k/top-p instead).
     patch_service || return 1
     # The benchmark starts the service with .venv/llm/bin/python: here that is the image's python (a wrapper, not a
     # symlink, so that the image's venv is still found).
@@ -87,7 +88,10 @@ print("vllm kernels load; flash-attn 3 supported:", fa.is_fa_version_supported(3
     for stage in ${*:-smoke bench-0.6b}; do
         echo "== $stage $(date -u +%T)"
         case $stage in
-        smoke) timeout -k 10 180 python3 "$HERE/llm_smoke.py" qwen3-0.6b 256 2>&1 | tee "$OUT/llm_smoke.txt" ;;
+        smoke)
+            timeout -k 10 180 python3 "$HERE/llm_smoke.py" qwen3-0.6b 256 2>&1 | tee "$OUT/llm_smoke.txt"
+            [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "smoke failed: the benchmarks are skipped"; break; }
+            ;;
         bench-0.6b) bench qwen3-0.6b 360 1 16 64 256 ;;
         bench-1.7b) bench qwen3-1.7b 270 1 64 256 ;;
         bench-4b) bench qwen3-4b 270 1 64 256 ;;
