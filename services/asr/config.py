@@ -38,6 +38,13 @@ class AsrConfig(ServingConfig):
         default=0.25,
         metadata={"help": "wait up to this fraction of a chunk for more streams to batch (0 = step at once)"},
     )
+    join_window_ms: float = dataclasses.field(
+        default=20.0,
+        metadata={
+            "help": "a new stream's first step waits until no stream has joined for this long (at most one chunk), "
+            "so streams that start together step together (0 = step at once)"
+        },
+    )
     buffered_window_ms: int = dataclasses.field(
         default=4000, metadata={"help": "audio the buffered backend re-encodes per chunk"}
     )
@@ -68,6 +75,7 @@ class AsrConfig(ServingConfig):
         require(
             0 <= self.batch_wait_fraction <= 1, "batch_wait_fraction", f"must be 0..1, got {self.batch_wait_fraction}"
         )
+        require(self.join_window_ms >= 0, "join_window_ms", f"must be >= 0, got {self.join_window_ms}")
         require(self.buffered_window_ms >= 80, "buffered_window_ms", f"must be >= 80, got {self.buffered_window_ms}")
         require(self.dtype in DTYPES, "dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
         require(self.threads >= 0, "threads", f"must be >= 0, got {self.threads}")

@@ -14,6 +14,7 @@ import pytest
 from tests.harness import REPO, running_service, venv_python
 
 BUFFERED_WINDOW_MS = 960
+JOIN_WINDOW_MS = 100  # wider than the default 20 ms: the test clients' start times jitter by several ms
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +38,7 @@ def record_dir(tmp_path_factory):
 def cache_aware(tiny_checkpoint, record_dir):
     args = ["--model-path", tiny_checkpoint, "--max-streams", "4", "--probe-ceilings", "false"]
     args += ["--record-encoder-dir", str(record_dir), "--threads", "1"]
+    args += ["--join-window-ms", str(JOIN_WINDOW_MS)]
     with running_service("services.asr", venv_python("asr"), args) as service:
         yield service
 

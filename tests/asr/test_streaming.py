@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -83,6 +84,32 @@ def test_batching_does_not_change_results(cache_aware, record_dir):
         np.testing.assert_allclose(batched, single, atol=TOLERANCE, rtol=0)
         assert batched_tokens == single_tokens
         assert together[index][-1].transcript == alone[-1].transcript
+
+
+def test_streams_starting_together_step_together(cache_aware):
+    """Streams that join within the join window wait for each other: their first steps (which cannot share an
+    encoder call with running streams) are one call, so all of them stay in lock-step to the end."""
+    from tests.asr.conftest import JOIN_WINDOW_MS
+
+    clips = [clip(1.6, seed=20 + i) for i in range(4)]
+    spacing_s = JOIN_WINDOW_MS / 1000 / 4  # stream i joins i x 25 ms after the first
+    results: list[list] = [[] for _ in clips]
+    start = threading.Barrier(len(clips))
+
+    def run(index):
+        start.wait()
+        time.sleep(index * spacing_s)
+        results[index] = stream(cache_aware, config(320, request_id=f"cohort-{index}"), clips[index])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clips))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for responses in results:
+        partials = [r for r in responses if not r.is_final]
+        assert [r.batch_size for r in partials] == [len(clips)] * len(partials)
+        assert [r.chunk_index for r in partials] == list(range(len(partials)))
 
 
 def test_empty_stream_gets_empty_final(cache_aware):

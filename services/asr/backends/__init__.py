@@ -34,6 +34,7 @@ def load_backend(config: AsrConfig) -> RecognizerBackend:
         max_batch_streams=config.max_batch_streams,
         record_dir=config.record_encoder_dir,
         batch_wait_fraction=config.batch_wait_fraction,
+        join_window_ms=config.join_window_ms,
     )
     if config.backend == "buffered":
         from services.asr.backends.nemo_buffered import BufferedBackend

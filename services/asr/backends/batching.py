@@ -3,9 +3,11 @@
 Each task waits until some of its streams have a whole chunk of audio (or have ended), takes every ready
 stream (up to `max_batch_streams`) and runs ONE batched encoder + RNN-T decoder step over all of them in a
 worker thread. While a step runs, audio keeps arriving for other streams, so the next step is bigger: the
-batch grows with load on its own, without a timer. Steps are serialised by one device lock (two concurrent
-steps would only fight over the same cores or GPU). How a group is encoded — from per-stream caches or by
-re-encoding a window — is the subclass's `encode_group`.
+batch grows with load on its own. Two bounded waits shape it: a step waits up to `batch_wait_fraction` of a
+chunk for streams about to be ready, and a new stream's first step waits up to `join_window` for others
+joining at the same moment (first steps cannot share a call with running streams). Steps are serialised
+by one device lock (two concurrent steps would only fight over the same cores or GPU). How a group is
+encoded — from per-stream caches or by re-encoding a window — is the subclass's `encode_group`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Stream:
         self.features = features
         self.feature_lock = threading.Lock()  # append (event loop) vs next_segment (worker thread)
         self.slot = slot
+        self.joined_at = time.perf_counter()
         self.steps = 0
         self.mel_consumed = 0  # mel frames the encoder has consumed
         # Mel frames live on the serving device: recent consumed ones (pre-encode cache / window) and those
@@ -110,6 +113,7 @@ class BatchingBackend:
         max_batch_streams: int,
         record_dir: str,
         batch_wait_fraction: float = 0.0,
+        join_window_ms: float = 0.0,
     ):
         self.model = model
         self.source = source
@@ -117,6 +121,7 @@ class BatchingBackend:
         self.max_streams = max_streams
         self.max_batch_streams = max_batch_streams
         self.batch_wait_fraction = batch_wait_fraction
+        self.join_window_s = join_window_ms / 1000
         self.record_dir = Path(record_dir) if record_dir else None
         self.shape = fc.encoder_shape(model)
         self.device = next(model.encoder.parameters()).device
@@ -127,6 +132,9 @@ class BatchingBackend:
         self.contexts = {chunk_ms: fc.context_for_chunk_ms(model, chunk_ms) for chunk_ms in self.chunk_ms_choices}
         self.streams: dict[int, list[Stream]] = {chunk_ms: [] for chunk_ms in self.chunk_ms_choices}
         self.wake = {chunk_ms: asyncio.Event() for chunk_ms in self.chunk_ms_choices}
+        self.last_join = dict.fromkeys(self.chunk_ms_choices, 0.0)
+        # Labelled children looked up once: a labels() call per stream per step takes the GIL for a lookup.
+        self.chunk_latency = {c: metrics.chunk_processing.labels(str(c)) for c in self.chunk_ms_choices}
         self.free_slots = list(range(max_streams - 1, -1, -1))
         self.slot_freed = asyncio.Event()
         self.device_lock = asyncio.Lock()
@@ -192,6 +200,7 @@ class BatchingBackend:
             "max_streams": self.max_streams,
             "max_batch_streams": self.max_batch_streams,
             "batch_wait_fraction": self.batch_wait_fraction,
+            "join_window_ms": self.join_window_s * 1000,
         }
 
     # --- streams -----------------------------------------------------------------------------------------
@@ -215,6 +224,7 @@ class BatchingBackend:
         stream = self._new_stream(settings)
         chunk_label = str(settings.chunk_ms)
         self.streams[settings.chunk_ms].append(stream)
+        self.last_join[settings.chunk_ms] = stream.joined_at
         metrics.active_streams.labels(chunk_label).inc()
         pump = asyncio.create_task(self._pump(stream, audio))
         try:
@@ -247,8 +257,23 @@ class BatchingBackend:
         stream.closed_at = time.perf_counter()
         wake.set()
 
+    def _held_until(self, stream: Stream) -> float:
+        """Until when a new stream's first step waits for others joining (0: not held).
+
+        A stream's first step (no pre-encode history yet, a shorter first chunk) cannot share an encoder call
+        with streams already running. Streams that start together — a burst of calls — should share theirs,
+        or each wave of arrivals pays its own first steps (and, at 80 ms, second steps) and finishes steps
+        behind the others. So a first step waits until no stream of its chunk size has joined for
+        `join_window`, and never longer than one chunk after the stream's own arrival."""
+        if stream.steps or not self.join_window_s:
+            return 0.0
+        chunk_s = stream.settings.chunk_ms / 1000
+        return min(self.last_join[stream.settings.chunk_ms] + self.join_window_s, stream.joined_at + chunk_s)
+
     def _ready(self, stream: Stream) -> bool:
         if stream.finished or stream.in_step:
+            return False
+        if self._held_until(stream) > time.perf_counter():
             return False
         available = stream.mel_available()
         if stream.closed:
@@ -276,10 +301,17 @@ class BatchingBackend:
             waiting = [s for s in self.streams[chunk_ms] if not s.finished and not s.in_step]
         return ready
 
+    def _hold_left(self, chunk_ms: int) -> float | None:
+        """Seconds until the first held stream may step, or None when none is held."""
+        now = time.perf_counter()
+        held = [until - now for s in self.streams[chunk_ms] if (until := self._held_until(s)) > now]
+        return min(held) if held else None
+
     async def _batch_loop(self, chunk_ms: int) -> None:
         wake = self.wake[chunk_ms]
         while True:
-            await wake.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self._hold_left(chunk_ms))
             wake.clear()
             while ready := await self._gather_ready(chunk_ms):
                 exhausted = [s for s in ready if s.closed and s.mel_available() == s.mel_consumed]
@@ -309,7 +341,7 @@ class BatchingBackend:
                             self._deliver(stream, update)
 
     def _deliver(self, stream: Stream, update: RecognitionUpdate) -> None:
-        metrics.chunk_processing.labels(str(stream.settings.chunk_ms)).observe(update.processing_latency_s)
+        self.chunk_latency[stream.settings.chunk_ms].observe(update.processing_latency_s)
         last = stream.closed and stream.mel_available() == stream.mel_consumed
         if stream.settings.interim_results and not last:
             stream.updates.put_nowait(update)
