@@ -10,7 +10,10 @@ fits in real time). Three ways of serving them:
 - service cache-aware: N gRPC streams against `python -m services.asr` (its batching loop);
 - service buffered: the same against `--backend buffered` (a 4 s window re-encoded per chunk).
 
-Capacity is searched by doubling N, then bisecting between the last pass and the first failure.
+Capacity is searched by doubling N, then bisecting between the last pass and the first failure. All servers
+are up before the first probe, and the paths' searches for one chunk size are interleaved probe by probe
+(`--trials` times, best kept): a shared machine's speed drifts by tens of percent over minutes, so the paths
+compared in one row must be measured in the same minutes. Clips are whole chunks (see clip_seconds).
 The default preset is `fastconformer-small` (~14M), not the service's CPU default `fastconformer-100m`:
 on a 2-core machine the 100M model cannot carry one real-time stream even driven directly, so its table
 is all zeros (`--preset fastconformer-100m` runs it).
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import math
 import time
 
 import grpc
@@ -33,13 +37,18 @@ CHUNK_MS = (80, 160, 320, 560, 1120)
 
 
 def clip_seconds(chunk_ms: int) -> float:
-    """Long enough for several steady steps at every chunk size, short enough to keep the run brief."""
-    return max(1.6, 4 * chunk_ms / 1000)
+    """Long enough for several steady steps at every chunk size, short enough to keep the run brief, and whole
+    chunks: the first chunk is 70 ms short of the others (the causal subsampling emits frame 0 from one 10 ms
+    mel frame), so a clip of k chunks is k x chunk - 70 ms. NeMo's CacheAwareStreamingAudioBuffer silently
+    drops a partial last chunk while the service recognises every frame; with whole chunks both paths do the
+    same steps over the same frames."""
+    chunks = math.ceil(max(1.6, 4 * chunk_ms / 1000) / (chunk_ms / 1000))
+    return (chunks * chunk_ms - 70) / 1000
 
 
 def clips(count: int, seconds: float) -> list[np.ndarray]:
     rng = np.random.default_rng(count)
-    return [(rng.standard_normal(int(seconds * 16000)) * 0.1).astype(np.float32) for _ in range(count)]
+    return [(rng.standard_normal(round(seconds * 16000)) * 0.1).astype(np.float32) for _ in range(count)]
 
 
 # --- engine-direct -----------------------------------------------------------------------------------------
@@ -144,14 +153,14 @@ def best_of(measure, repeats: int):
     return measured
 
 
-def capacity(measure, limit: int, repeats: int = 2, precision: float = 0.0) -> tuple[int, float]:
-    """Largest N <= limit with measure(N) < 1, and the RTF measured there; with `precision` p the bisection
-    stops once the first failing N is within p·N of the last passing one (fewer probes, on a GPU)."""
-    measure = best_of(measure, repeats)
+def capacity_search(limit: int, precision: float = 0.0):
+    """A generator: yields the N to probe next, is sent the RTF measured there, returns (largest N <= limit
+    with RTF < 1, its RTF). Doubling, then bisection; with `precision` p the bisection stops once the first
+    failing N is within p·N of the last passing one (fewer probes, on a GPU)."""
     passed, passed_rtf, failed = 0, float("nan"), None
     streams = 1
     while streams <= limit:
-        rtf = measure(streams)
+        rtf = yield streams
         if rtf >= 1:
             failed = streams
             break
@@ -160,7 +169,7 @@ def capacity(measure, limit: int, repeats: int = 2, precision: float = 0.0) -> t
     upper = failed if failed is not None else limit + 1
     while upper - passed > max(1, precision * passed) and passed > 0:
         middle = (passed + upper) // 2
-        rtf = measure(middle)
+        rtf = yield middle
         if rtf < 1:
             passed, passed_rtf = middle, rtf
         else:
@@ -168,41 +177,46 @@ def capacity(measure, limit: int, repeats: int = 2, precision: float = 0.0) -> t
     return passed, passed_rtf
 
 
-def run_service(
-    backend: str,
-    preset: str,
-    limit: int,
-    chunks,
-    threads: int,
-    loop,
-    device: str,
-    dtype: str,
-    search: dict,
-    piece_ms: int,
-) -> dict[int, tuple[int, float]]:
+def capacities(measures: list, limit: int, repeats: int = 2, precision: float = 0.0) -> list[tuple[int, float]]:
+    """The capacity of each of several paths, their searches interleaved probe by probe (the order of the
+    paths alternating from one round of probes to the next), so that every path is measured in the same
+    minutes: a shared machine's speed drifts by tens of percent over a few minutes."""
+    measures = [best_of(measure, repeats) for measure in measures]
+    searches = [capacity_search(limit, precision) for _ in measures]
+    probes: list[int | None] = [search.send(None) for search in searches]
+    results: list[tuple[int, float] | None] = [None] * len(measures)
+    round_index = 0
+    while any(result is None for result in results):
+        order = range(len(measures)) if round_index % 2 == 0 else reversed(range(len(measures)))
+        for index in order:
+            if results[index] is not None:
+                continue
+            try:
+                probes[index] = searches[index].send(measures[index](probes[index]))
+            except StopIteration as done:
+                results[index] = done.value
+        round_index += 1
+    return results
+
+
+def capacity(measure, limit: int, repeats: int = 2, precision: float = 0.0) -> tuple[int, float]:
+    """Largest N <= limit with measure(N) < 1, and the RTF measured there."""
+    return capacities([measure], limit, repeats, precision)[0]
+
+
+def start_asr_service(backend: str, preset: str, limit: int, threads: int, device: str, dtype: str):
     args = ["--preset", preset, "--backend", backend, "--max-streams", str(limit), "--max-batch-streams", str(limit)]
     args += ["--threads", str(threads), "--device", device, "--dtype", dtype]
     service = start_service("services.asr", venv_python("asr"), args + ["--probe-ceilings", "false"])
-    try:
-        deadline = time.monotonic() + 600
-        while True:  # a health check can time out while a large model warms up on a busy machine
-            try:
-                service.wait_serving(600)
-                break
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-        results = {}
-        for chunk_ms in chunks:
-            results[chunk_ms] = capacity(
-                lambda n, c=chunk_ms: loop.run_until_complete(service_rtf(service.address, c, n, piece_ms)),
-                limit,
-                **search,
-            )
-            print(f"  service {backend:11s} {chunk_ms:5d} ms: {results[chunk_ms][0]} streams", flush=True)
-        return results
-    finally:
-        service.terminate()
+    deadline = time.monotonic() + 600
+    while True:  # a health check can time out while a large model warms up on a busy machine
+        try:
+            service.wait_serving(600)
+            return service
+        except grpc.RpcError:
+            if time.monotonic() > deadline:
+                service.terminate()
+                raise
 
 
 def main() -> None:
@@ -223,6 +237,9 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=2, help="tries of a failing probe (best one counts)")
     parser.add_argument(
+        "--trials", type=int, default=1, help="interleaved capacity searches per chunk size (each path keeps its best)"
+    )
+    parser.add_argument(
         "--precision", type=float, default=0.0, help="stop bisecting within this fraction of N (0: exact)"
     )
     args = parser.parse_args()
@@ -231,34 +248,50 @@ def main() -> None:
     chunks = [int(c) for c in args.chunks.split(",")]
     started = time.perf_counter()
 
-    direct = {c: (0, float("nan")) for c in chunks}
-    engine = EngineDirect(args.preset, args.threads, args.device, args.dtype) if "engine" in only else None
-    # Keep the collector off the objects torch and NeMo made at import (the service does the same): full
-    # collections walking them would slow engine-direct and the gRPC clients alike.
-    gc.freeze()
-    for chunk_ms in chunks if engine else ():
-        engine.rtf(chunk_ms, 1)  # warm-up
-        direct[chunk_ms] = capacity(lambda n, c=chunk_ms: engine.rtf(c, n), args.max_streams, **search)
-        print(f"  engine-direct          {chunk_ms:5d} ms: {direct[chunk_ms][0]} streams", flush=True)
-    engine = None  # free the model before the services load theirs
-    loop = asyncio.new_event_loop()  # one loop for every client: grpc.aio keeps callbacks on it
-    skipped = {c: (0, float("nan")) for c in chunks}
-    measured = {}
-    for backend in ("cache-aware", "buffered"):
-        if backend in only:
-            measured[backend] = run_service(
-                backend,
-                args.preset,
-                args.max_streams,
-                chunks,
-                args.threads,
-                loop,
-                args.device,
-                args.dtype,
-                search,
-                args.piece_ms,
-            )
-    cache_aware, buffered = measured.get("cache-aware", skipped), measured.get("buffered", skipped)
+    not_measured = (0, float("nan"))
+    # Every server is up before the first probe, and each chunk size is measured on every path back to back
+    # (engine-direct, then the services): the machine's speed drifts over minutes (other tenants, clocks),
+    # so the paths compared in one row should be measured in the same minute, not minutes apart.
+    services = {}
+    try:
+        for backend in ("cache-aware", "buffered"):
+            if backend in only:
+                services[backend] = start_asr_service(
+                    backend, args.preset, args.max_streams, args.threads, args.device, args.dtype
+                )
+        engine = EngineDirect(args.preset, args.threads, args.device, args.dtype) if "engine" in only else None
+        # Keep the collector off the objects torch and NeMo made at import (the service does the same): full
+        # collections walking them would slow engine-direct and the gRPC clients alike.
+        gc.freeze()
+        loop = asyncio.new_event_loop()  # one loop for every client: grpc.aio keeps callbacks on it
+        direct, cache_aware, buffered = ({c: not_measured for c in chunks} for _ in range(3))
+        for chunk_ms in chunks:
+            paths = []  # (label, measure(N) -> RTF, where the capacity goes)
+            if engine:
+                engine.rtf(chunk_ms, 1)  # warm-up
+                paths.append(("engine-direct      ", lambda n, c=chunk_ms: engine.rtf(c, n), direct))
+            for backend, results in (("cache-aware", cache_aware), ("buffered", buffered)):
+                if backend in services:
+                    address = services[backend].address
+                    paths.append(
+                        (
+                            f"service {backend:11s}",
+                            lambda n, c=chunk_ms, a=address: loop.run_until_complete(
+                                service_rtf(a, c, n, args.piece_ms)
+                            ),
+                            results,
+                        )
+                    )
+            # Each trial interleaves the paths' searches probe by probe; each path keeps its best capacity.
+            for trial in range(args.trials):
+                found = capacities([measure for _, measure, _ in paths], args.max_streams, **search)
+                for (label, _, results), (streams, rtf) in zip(paths, found, strict=True):
+                    if streams >= results[chunk_ms][0]:
+                        results[chunk_ms] = (streams, rtf)
+                    print(f"  {label} {chunk_ms:5d} ms: {streams} streams (trial {trial + 1})", flush=True)
+    finally:
+        for service in services.values():
+            service.terminate()
 
     print(
         f"\nreal-time stream capacity (per-stream RTF < 1), preset {args.preset}, device {args.device} {args.dtype}, "
