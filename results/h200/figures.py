@@ -1,0 +1,204 @@
+"""The H200 figures as JSON and PNG plots, parsed from the raw outputs in results/h200/raw/.
+
+Run from the repository root with the dev venv: `python results/h200/figures.py`. Writes figures.json and plots/*.png
+next to this script; every figure keeps the name of the raw file it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on a server
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RAW = HERE / "raw"
+PLOTS = HERE / "plots"
+
+# variant -> (raw file, column or progress-line name in that file)
+ASR_VARIANTS = {
+    "engine-direct fp32": ("asr_engine.txt", "engine-direct"),
+    "engine-direct bf16": ("asr_engine_bf16.txt", "engine-direct"),
+    "service cache-aware v1": ("asr_cache_aware.txt", "service cache-aware"),
+    "service buffered v1": ("asr_buffered.txt", "service buffered"),
+    "service cache-aware v2": ("asr_cache_aware_v2.txt", "service cache-aware"),
+    "service cache-aware v2, 80 ms messages": ("asr_cache_aware_v2_80ms_piece80.txt", "service cache-aware"),
+}
+ASR_PLOTTED = list(ASR_VARIANTS)[:5]
+ASR_PROGRESS = re.compile(r"^\s+(engine-direct|service cache-aware|service buffered)\s+(\d+) ms: (\d+) streams$", re.M)
+ASR_CELL = re.compile(r"^\s*(\d+) \(RTF ([\d.]+|nan)\)\s*$")
+TTS_CONCURRENCY_1 = re.compile(r"^(VoxCPM direct|service \(gRPC\))\s+([\d.]+)\s+([\d.]+)$", re.M)
+TTS_THROUGHPUT = re.compile(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+x$", re.M)
+LLM_PRESET = re.compile(r"^LLM benchmark: preset (\S+) ", re.M)
+LLM_ROW = re.compile(
+    r"^\s+(\d+)\s+(engine-direct|grpc-service)\s+(\d+)\s+(\d+)"  # concurrency, path, requests, failed
+    r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\d+)[ \t]*([\d.]+)?$",  # TTFT p50, p99, tokens/s, CPU, servicer
+    re.M,
+)
+LLM_PATHS = ("engine-direct", "grpc-service")
+
+
+def device_ceilings() -> dict:
+    """Per dtype, every probe's read bandwidth (TB/s) and matmul peak (TFLOP/s)."""
+    ceilings: dict = {}
+    for probe in json.loads((RAW / "ceilings.json").read_text()):
+        entry = ceilings.setdefault(
+            probe["dtype"], {"read_bandwidth_tb_s": [], "matmul_peak_tflop_s": [], "source": "ceilings.json"}
+        )
+        entry["read_bandwidth_tb_s"].append(round(probe["memory_bandwidth_bytes_per_s"] / 1e12, 3))
+        entry["matmul_peak_tflop_s"].append(round(probe["peak_flops_per_s"] / 1e12, 1))
+    return ceilings
+
+
+def asr_capacity(source: str, column: str) -> list[dict]:
+    """Streams carried per chunk size from the capacity table; without a table, from the progress lines (no RTF)."""
+    text = (RAW / source).read_text()
+    lines = text.splitlines()
+    header = next((line for line in lines if line.startswith("chunk_ms |")), None)
+    if header is None:
+        return [
+            {"chunk_ms": int(chunk), "streams": int(streams), "rtf": None}
+            for name, chunk, streams in ASR_PROGRESS.findall(text)
+            if name == column
+        ]
+    index = [name.strip() for name in header.split("|")].index(column)
+    points = []
+    for line in lines[lines.index(header) + 1 :]:
+        cells = line.split("|")
+        if len(cells) <= index or not cells[0].strip().isdigit():
+            continue
+        streams, rtf = ASR_CELL.match(cells[index]).groups()
+        if rtf != "nan":  # 0 with RTF nan = not measured
+            points.append({"chunk_ms": int(cells[0]), "streams": int(streams), "rtf": float(rtf)})
+    return points
+
+
+def asr_figures() -> dict:
+    return {
+        variant: {"source": source, "points": sorted(asr_capacity(source, column), key=lambda p: p["chunk_ms"])}
+        for variant, (source, column) in ASR_VARIANTS.items()
+    }
+
+
+def tts_figures() -> dict:
+    """Per mode: concurrency-1 first audio and RTF (one entry per run) and throughput rows by workers."""
+    figures = {}
+    for mode in ("eager", "compiled"):
+        concurrency_1, throughput = [], []
+        for path in sorted(RAW.glob(f"tts_{mode}*.txt")):
+            text = path.read_text()
+            paths = {
+                name: {"first_audio_ms": float(ms), "rtf": float(rtf)}
+                for name, ms, rtf in TTS_CONCURRENCY_1.findall(text)
+            }
+            concurrency_1.append(
+                {"direct": paths["VoxCPM direct"], "service": paths["service (gRPC)"], "source": path.name}
+            )
+            throughput += [
+                {"workers": int(workers), "service": float(service), "direct": float(direct), "source": path.name}
+                for workers, service, direct in TTS_THROUGHPUT.findall(text)
+            ]
+        figures[mode] = {
+            "concurrency_1": concurrency_1,
+            "throughput_audio_s_per_s": sorted(throughput, key=lambda r: r["workers"]),
+        }
+    return figures
+
+
+def llm_figures() -> dict:
+    """Per preset and concurrency, the final table's engine-direct and grpc-service rows."""
+    figures = {}
+    for path in sorted(RAW.glob("llm_bench_*.txt")):
+        text = path.read_text()
+        levels: dict[int, dict] = {}
+        for concurrency, name, requests, failed, p50, p99, tokens, cpu, servicer in LLM_ROW.findall(text):
+            levels.setdefault(int(concurrency), {"concurrency": int(concurrency)})[name] = {
+                "requests": int(requests),
+                "failed": int(failed),
+                "ttft_p50_ms": float(p50),
+                "ttft_p99_ms": float(p99),
+                "tokens_per_s": float(tokens),
+                "front_end_cpu_us_per_token": int(cpu),
+                "ttft_in_grpc_servicer_p50_ms": float(servicer) if servicer else None,
+            }
+        figures[LLM_PRESET.search(text).group(1)] = {
+            "source": path.name,
+            "levels": sorted(levels.values(), key=lambda lv: lv["concurrency"]),
+        }
+    return figures
+
+
+def _log2_axis(ax, xs, label: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(label)
+    ax.grid(True, alpha=0.3)
+
+
+def _save(fig, name: str) -> None:
+    fig.tight_layout()
+    fig.savefig(PLOTS / name, dpi=110)
+    plt.close(fig)
+
+
+def plot_asr_streams(asr: dict) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    chunks = sorted({p["chunk_ms"] for variant in ASR_PLOTTED for p in asr[variant]["points"]})
+    for variant in ASR_PLOTTED:
+        points = asr[variant]["points"]
+        ax.plot([p["chunk_ms"] for p in points], [p["streams"] for p in points], "o-", label=variant)
+    _log2_axis(ax, chunks, "chunk (ms)")
+    ax.set_ylabel("real-time streams carried (RTF < 1)")
+    ax.set_title("ASR nemotron-0.6b on H200: stream capacity vs chunk")
+    ax.legend(fontsize=8)
+    _save(fig, "asr_streams.png")
+
+
+def plot_tts_throughput(tts: dict) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    workers = sorted({row["workers"] for mode in tts.values() for row in mode["throughput_audio_s_per_s"]})
+    for mode, colour in (("eager", "#1f77b4"), ("compiled", "#ff7f0e")):
+        rows = tts[mode]["throughput_audio_s_per_s"]
+        for path, style in (("service", "o-"), ("direct", "s--")):
+            ax.plot([r["workers"] for r in rows], [r[path] for r in rows], style, color=colour, label=f"{mode} {path}")
+    _log2_axis(ax, workers, "workers (one VoxCPM2 per process)")
+    ax.set_ylabel("audio seconds per second")
+    ax.set_title("TTS voxcpm2 on H200: throughput vs workers")
+    ax.legend(fontsize=8)
+    _save(fig, "tts_throughput.png")
+
+
+def plot_llm(llm: dict, metric: str, ylabel: str, title: str, name: str) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    concurrencies = sorted({lv["concurrency"] for preset in llm.values() for lv in preset["levels"]})
+    for (preset, figures), colour in zip(llm.items(), ("#1f77b4", "#ff7f0e"), strict=True):
+        levels = figures["levels"]
+        for path, style in zip(LLM_PATHS, ("s--", "o-"), strict=True):
+            xs, ys = [lv["concurrency"] for lv in levels], [lv[path][metric] for lv in levels]
+            ax.plot(xs, ys, style, color=colour, label=f"{preset} {path}")
+    _log2_axis(ax, concurrencies, "concurrency (requests)")
+    ax.set_yscale("log")  # the levels span one to two decades
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    _save(fig, name)
+
+
+def main() -> None:
+    figures = {"ceilings": device_ceilings(), "asr": asr_figures(), "tts": tts_figures(), "llm": llm_figures()}
+    (HERE / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
+    PLOTS.mkdir(exist_ok=True)
+    plot_asr_streams(figures["asr"])
+    plot_tts_throughput(figures["tts"])
+    plot_llm(figures["llm"], "tokens_per_s", "tokens/s", "LLM on H200 (vLLM 0.26.0): tokens/s", "llm_tokens.png")
+    plot_llm(figures["llm"], "ttft_p50_ms", "TTFT p50 (ms)", "LLM on H200 (vLLM 0.26.0): TTFT p50", "llm_ttft.png")
+
+
+if __name__ == "__main__":
+    main()
