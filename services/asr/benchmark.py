@@ -199,11 +199,6 @@ def capacities(measures: list, limit: int, repeats: int = 2, precision: float = 
     return results
 
 
-def capacity(measure, limit: int, repeats: int = 2, precision: float = 0.0) -> tuple[int, float]:
-    """Largest N <= limit with measure(N) < 1, and the RTF measured there."""
-    return capacities([measure], limit, repeats, precision)[0]
-
-
 def start_asr_service(backend: str, preset: str, limit: int, threads: int, device: str, dtype: str):
     args = ["--preset", preset, "--backend", backend, "--max-streams", str(limit), "--max-batch-streams", str(limit)]
     args += ["--threads", str(threads), "--device", device, "--dtype", dtype]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
 import urllib.request
 
@@ -45,6 +46,25 @@ def stub(service) -> asr_pb2_grpc.SpeechRecognizerStub:
 
 def stream(service, cfg, audio: np.ndarray) -> list:
     return list(stub(service).StreamingRecognize(requests(cfg, audio), timeout=120))
+
+
+def streams_together(service, configs: list, audios: list[np.ndarray], spacing_s: float = 0.0) -> list[list]:
+    """Each (config, audio) streamed from its own thread, all released at once; stream i starts i x
+    `spacing_s` later. Returns each stream's responses."""
+    results: list[list] = [[] for _ in configs]
+    start = threading.Barrier(len(configs))
+
+    def run(index):
+        start.wait()
+        time.sleep(index * spacing_s)
+        results[index] = stream(service, configs[index], audios[index])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(configs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
 
 
 def recorded(record_dir, request_id: str, backend: str, kind: str) -> tuple[np.ndarray, list[int]]:

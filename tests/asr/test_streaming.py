@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import math
-import threading
-import time
 
 import numpy as np
 import pytest
 
-from tests.asr.client import CHUNK_MS, PCM16, clip, config, encoder_frames_of, metric, recorded, stream, stub
+from tests.asr.client import (
+    CHUNK_MS,
+    PCM16,
+    clip,
+    config,
+    encoder_frames_of,
+    metric,
+    recorded,
+    stream,
+    streams_together,
+    stub,
+)
 from voiceagent.v1 import asr_pb2
 
 BACKEND = "nemo-cache-aware"
@@ -61,18 +70,8 @@ def test_each_frame_computed_once_and_chunks_match_context(cache_aware, chunk_ms
 
 def test_batching_does_not_change_results(cache_aware, record_dir):
     clips = [clip(1.6 + 0.37 * i, seed=10 + i) for i in range(4)]
-    together: list[list] = [[] for _ in clips]
-    start = threading.Barrier(len(clips))
-
-    def run(index):
-        start.wait()
-        together[index] = stream(cache_aware, config(160, request_id=f"together-{index}"), clips[index])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clips))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    configs = [config(160, request_id=f"together-{index}") for index in range(len(clips))]
+    together = streams_together(cache_aware, configs, clips)
     assert max(r.batch_size for responses in together for r in responses) >= 2, "streams were never batched"
 
     for index, audio in enumerate(clips):
@@ -93,19 +92,8 @@ def test_streams_starting_together_step_together(cache_aware):
 
     clips = [clip(1.6, seed=20 + i) for i in range(4)]
     spacing_s = JOIN_WINDOW_MS / 1000 / 4  # stream i joins i x 25 ms after the first
-    results: list[list] = [[] for _ in clips]
-    start = threading.Barrier(len(clips))
-
-    def run(index):
-        start.wait()
-        time.sleep(index * spacing_s)
-        results[index] = stream(cache_aware, config(320, request_id=f"cohort-{index}"), clips[index])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(clips))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    configs = [config(320, request_id=f"cohort-{index}") for index in range(len(clips))]
+    results = streams_together(cache_aware, configs, clips, spacing_s)
     for responses in results:
         partials = [r for r in responses if not r.is_final]
         assert [r.batch_size for r in partials] == [len(clips)] * len(partials)
