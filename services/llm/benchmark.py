@@ -179,7 +179,20 @@ def merged(levels: list[LevelResult]) -> LevelResult:
     )
 
 
-def print_table(args, info, results: dict[tuple[str, int], LevelResult]) -> None:
+def pair_spread(rounds: dict[tuple[str, int], list[LevelResult]], concurrency: int) -> str:
+    """Service/engine per round pair (the two paths' runs of one round, back to back): the spread shows how much
+    of a pooled difference is the machine's drift between minutes rather than the service."""
+    pairs = list(zip(rounds["engine-direct", concurrency], rounds["grpc-service", concurrency], strict=True))
+    ratios = sorted(100 * service.tokens_per_s / engine.tokens_per_s for engine, service in pairs)
+    added = sorted(service.ttft_ms(0.5) - engine.ttft_ms(0.5) for engine, service in pairs)
+    return (
+        f"per round pair: tokens/s {' '.join(f'{r:.0f}%' for r in ratios)}; "
+        f"TTFT p50 {' '.join(f'{a:+.1f}' for a in added)} ms"
+    )
+
+
+def print_table(args, info, rounds: dict[tuple[str, int], list[LevelResult]]) -> None:
+    results = {key: merged(levels) for key, levels in rounds.items()}
     model = info.model
     print()
     print(
@@ -208,6 +221,7 @@ def print_table(args, info, results: dict[tuple[str, int], LevelResult]) -> None
             f"{service.ttft_ms(0.99) - engine.ttft_ms(0.99):>+11.1f} {100 * ratio:>8.1f}%  "
             f"{verdict} targets (>= {100 * TOKEN_TS_TARGET:.0f}% tokens/s, <= {TTFT_ADDED_TARGET_MS:g} ms TTFT p50)"
         )
+        print(f"{'':>11}  {pair_spread(rounds, concurrency)}")
 
 
 async def benchmark(args) -> None:
@@ -266,7 +280,7 @@ async def benchmark(args) -> None:
                             f"load average {os.getloadavg()[0]:.1f}",
                             flush=True,
                         )
-            print_table(args, info, {key: merged(levels) for key, levels in rounds.items()})
+            print_table(args, info, rounds)
     finally:
         await generator.stop()
         service.terminate()
