@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import heapq
 import re
 import threading
 import time
@@ -135,7 +136,10 @@ class BatchingBackend:
         self.last_join = dict.fromkeys(self.chunk_ms_choices, 0.0)
         # Labelled children looked up once: a labels() call per stream per step takes the GIL for a lookup.
         self.chunk_latency = {c: metrics.chunk_processing.labels(str(c)) for c in self.chunk_ms_choices}
-        self.free_slots = list(range(max_streams - 1, -1, -1))
+        # A min-heap: a stream takes the lowest free slot, so streams that start together get consecutive slots
+        # and a step (its batch sorted by slot) reads their caches as a view. A stack handed slots out in reverse
+        # release order: from the second wave of streams on, a permutation, and every step copied the caches.
+        self.free_slots = list(range(max_streams))
         self.slot_freed = asyncio.Event()
         self.device_lock = asyncio.Lock()
         self.loops: list[asyncio.Task] = []
@@ -176,7 +180,7 @@ class BatchingBackend:
             stream.closed = True
             while stream.mel_consumed < stream.mel_available():
                 self._step([stream])
-            self.free_slots.append(stream.slot)
+            heapq.heappush(self.free_slots, stream.slot)
 
     def facts(self) -> ModelFacts:
         params = self.shape.encoder_params + self.shape.decoder_params
@@ -205,14 +209,14 @@ class BatchingBackend:
 
     # --- streams -----------------------------------------------------------------------------------------
     def _new_stream(self, settings: StreamSettings) -> Stream:
-        slot = self.free_slots.pop()
+        slot = heapq.heappop(self.free_slots)
         context = self.contexts[settings.chunk_ms]
         self.reset_slot(slot, context)
         self.decoder.reset(slot)
         return Stream(settings, context, fc.FeatureStream(self.shape.mel_bins), slot, self.device)
 
     def _release(self, stream: Stream) -> None:
-        self.free_slots.append(stream.slot)
+        heapq.heappush(self.free_slots, stream.slot)
         self.slot_freed.set()
 
     async def recognize(self, settings: StreamSettings, audio: AsyncIterator[np.ndarray]):
@@ -322,7 +326,7 @@ class BatchingBackend:
                     if not stream.finished:
                         groups.setdefault(self.group_key(stream), []).append(stream)
                 for group in groups.values():
-                    batch = group[: self.max_batch_streams]
+                    batch = sorted(group[: self.max_batch_streams], key=lambda stream: stream.slot)
                     for stream in batch:
                         stream.in_step = True
                     try:
