@@ -10,9 +10,10 @@ fits in real time). Three ways of serving them:
 - service cache-aware: N gRPC streams against `python -m services.asr` (its batching loop);
 - service buffered: the same against `--backend buffered` (a 4 s window re-encoded per chunk).
 
-Capacity is searched by doubling N, then bisecting between the last pass and the first failure. All servers
+Capacity is searched by doubling N, then bisecting between the last pass and the first failure; a probe's
+RTF is the median of `--runs` runs at that N (one run's RTF swings by a third on this VM). All servers
 are up before the first probe, and the paths' searches for one chunk size are interleaved probe by probe
-(`--trials` times, best kept): a shared machine's speed drifts by tens of percent over minutes, so the paths
+(`--trials` times, the median kept): a shared machine's speed drifts by tens of percent over minutes, so the paths
 compared in one row must be measured in the same minutes. Clips are whole chunks (see clip_seconds).
 The default preset is `fastconformer-small` (~14M), not the service's CPU default `fastconformer-100m`:
 on a 2-core machine the 100M model cannot carry one real-time stream even driven directly, so its table
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import gc
 import math
+import statistics
 import time
 
 import grpc
@@ -36,13 +38,13 @@ from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
 CHUNK_MS = (80, 160, 320, 560, 1120)
 
 
-def clip_seconds(chunk_ms: int) -> float:
-    """Long enough for several steady steps at every chunk size, short enough to keep the run brief, and whole
+def clip_seconds(chunk_ms: int, minimum_s: float = 1.6) -> float:
+    """At least `minimum_s` and four chunks (several steady steps at every chunk size), and whole
     chunks: the first chunk is 70 ms short of the others (the causal subsampling emits frame 0 from one 10 ms
     mel frame), so a clip of k chunks is k x chunk - 70 ms. NeMo's CacheAwareStreamingAudioBuffer silently
     drops a partial last chunk while the service recognises every frame; with whole chunks both paths do the
     same steps over the same frames."""
-    chunks = math.ceil(max(1.6, 4 * chunk_ms / 1000) / (chunk_ms / 1000))
+    chunks = math.ceil(max(minimum_s, 4 * chunk_ms / 1000) / (chunk_ms / 1000))
     return (chunks * chunk_ms - 70) / 1000
 
 
@@ -68,13 +70,13 @@ class EngineDirect:
         for module in (self.model.encoder, self.model.decoder, self.model.joint):  # as the service does
             module.to(self.dtype)
 
-    def rtf(self, chunk_ms: int, streams: int) -> float:
+    def rtf(self, chunk_ms: int, streams: int, seconds: float = 0.0) -> float:
         from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
 
         from services.asr.backends.fastconformer import context_for_chunk_ms
 
         torch, model = self.torch, self.model
-        seconds = clip_seconds(chunk_ms)
+        seconds = seconds or clip_seconds(chunk_ms)
         audio = clips(streams, seconds)
         with torch.inference_mode():
             started = time.perf_counter()
@@ -128,27 +130,38 @@ async def _one_stream(stub, chunk_ms: int, audio: np.ndarray, piece: int) -> flo
     return (time.perf_counter() - started) / (len(audio) / 16000)
 
 
-async def service_rtf(address: str, chunk_ms: int, streams: int, piece_ms: int = 0) -> float:
+async def service_rtf(address: str, chunk_ms: int, streams: int, piece_ms: int = 0, seconds: float = 0.0) -> float:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = asr_pb2_grpc.SpeechRecognizerStub(channel)
-        audio = clips(streams, clip_seconds(chunk_ms))
+        audio = clips(streams, seconds or clip_seconds(chunk_ms))
         piece = piece_samples(chunk_ms, piece_ms)
         rtfs = await asyncio.gather(*(_one_stream(stub, chunk_ms, clip, piece) for clip in audio))
     return max(rtfs)
 
 
 # --- capacity search ---------------------------------------------------------------------------------------
-def best_of(measure, repeats: int):
-    """A failing probe is repeated and the best run kept: on a shared machine a neighbour's burst should
-    not decide the capacity (a passing run already shows the system can do it)."""
+def median_trial(trials: list[tuple[int, float]]) -> tuple[int, float]:
+    """The (N, RTF) of the trial with the median capacity (the lower middle one of an even count); a path
+    not measured is (0, nan). One capacity search on this VM lands within about ±15 % of another."""
+    if not trials:
+        return 0, float("nan")
+    return sorted(trials)[(len(trials) - 1) // 2]
+
+
+def median_of(measure, runs: int):
+    """A probe's RTF is the median of `runs` runs at that N. One run is not enough: on this VM the same path at
+    the same N measures RTF 1.06 and 1.39 a few seconds apart, so single-run (or best-of) probes made each
+    capacity a draw of luck that differed between paths by a fifth with no difference in their costs.
+    Runs stop once a majority falls on one side of RTF 1 (the median's side is then decided)."""
 
     def measured(streams: int) -> float:
-        best = float("inf")
-        for _ in range(repeats):
-            best = min(best, measure(streams))
-            if best < 1:
+        rtfs: list[float] = []
+        majority = runs // 2 + 1
+        while len(rtfs) < runs:
+            rtfs.append(measure(streams))
+            if max(sum(r < 1 for r in rtfs), sum(r >= 1 for r in rtfs)) >= majority:
                 break
-        return best
+        return statistics.median(rtfs)
 
     return measured
 
@@ -177,11 +190,11 @@ def capacity_search(limit: int, precision: float = 0.0):
     return passed, passed_rtf
 
 
-def capacities(measures: list, limit: int, repeats: int = 2, precision: float = 0.0) -> list[tuple[int, float]]:
+def capacities(measures: list, limit: int, runs: int = 3, precision: float = 0.0) -> list[tuple[int, float]]:
     """The capacity of each of several paths, their searches interleaved probe by probe (the order of the
     paths alternating from one round of probes to the next), so that every path is measured in the same
     minutes: a shared machine's speed drifts by tens of percent over a few minutes."""
-    measures = [best_of(measure, repeats) for measure in measures]
+    measures = [median_of(measure, runs) for measure in measures]
     searches = [capacity_search(limit, precision) for _ in measures]
     probes: list[int | None] = [search.send(None) for search in searches]
     results: list[tuple[int, float] | None] = [None] * len(measures)
@@ -230,20 +243,25 @@ def main() -> None:
     parser.add_argument(
         "--piece-ms", type=int, default=0, help="audio per client message (0: one chunk, at least 100 ms)"
     )
-    parser.add_argument("--repeats", type=int, default=2, help="tries of a failing probe (best one counts)")
     parser.add_argument(
-        "--trials", type=int, default=1, help="interleaved capacity searches per chunk size (each path keeps its best)"
+        "--clip-s",
+        type=float,
+        default=1.6,
+        help="shortest clip in seconds (whole chunks): a stream's set-up is a fixed cost a longer clip amortises",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="runs per probe (its RTF is their median)")
+    parser.add_argument(
+        "--trials", type=int, default=3, help="interleaved capacity searches per chunk size (the median one counts)"
     )
     parser.add_argument(
         "--precision", type=float, default=0.0, help="stop bisecting within this fraction of N (0: exact)"
     )
     args = parser.parse_args()
-    search = {"repeats": args.repeats, "precision": args.precision}
+    search = {"runs": args.runs, "precision": args.precision}
     only = args.only.split(",")
     chunks = [int(c) for c in args.chunks.split(",")]
     started = time.perf_counter()
 
-    not_measured = (0, float("nan"))
     # Every server is up before the first probe, and each chunk size is measured on every path back to back
     # (engine-direct, then the services): the machine's speed drifts over minutes (other tenants, clocks),
     # so the paths compared in one row should be measured in the same minute, not minutes apart.
@@ -259,30 +277,30 @@ def main() -> None:
         # collections walking them would slow engine-direct and the gRPC clients alike.
         gc.freeze()
         loop = asyncio.new_event_loop()  # one loop for every client: grpc.aio keeps callbacks on it
-        direct, cache_aware, buffered = ({c: not_measured for c in chunks} for _ in range(3))
+        direct, cache_aware, buffered = ({c: [] for c in chunks} for _ in range(3))  # (N, RTF) per trial
         for chunk_ms in chunks:
+            seconds = clip_seconds(chunk_ms, args.clip_s)
             paths = []  # (label, measure(N) -> RTF, where the capacity goes)
             if engine:
                 engine.rtf(chunk_ms, 1)  # warm-up
-                paths.append(("engine-direct      ", lambda n, c=chunk_ms: engine.rtf(c, n), direct))
+                paths.append(("engine-direct      ", lambda n, c=chunk_ms, s=seconds: engine.rtf(c, n, s), direct))
             for backend, results in (("cache-aware", cache_aware), ("buffered", buffered)):
                 if backend in services:
                     address = services[backend].address
                     paths.append(
                         (
                             f"service {backend:11s}",
-                            lambda n, c=chunk_ms, a=address: loop.run_until_complete(
-                                service_rtf(a, c, n, args.piece_ms)
+                            lambda n, c=chunk_ms, a=address, s=seconds: loop.run_until_complete(
+                                service_rtf(a, c, n, args.piece_ms, s)
                             ),
                             results,
                         )
                     )
-            # Each trial interleaves the paths' searches probe by probe; each path keeps its best capacity.
+            # Each trial interleaves the paths' searches probe by probe; the table reports each path's median trial.
             for trial in range(args.trials):
                 found = capacities([measure for _, measure, _ in paths], args.max_streams, **search)
                 for (label, _, results), (streams, rtf) in zip(paths, found, strict=True):
-                    if streams >= results[chunk_ms][0]:
-                        results[chunk_ms] = (streams, rtf)
+                    results[chunk_ms].append((streams, rtf))
                     print(f"  {label} {chunk_ms:5d} ms: {streams} streams (trial {trial + 1})", flush=True)
     finally:
         for service in services.values():
@@ -290,20 +308,26 @@ def main() -> None:
 
     print(
         f"\nreal-time stream capacity (per-stream RTF < 1), preset {args.preset}, device {args.device} {args.dtype}, "
-        f"{args.threads} torch thread(s); client audio pieces "
-        f"{args.piece_ms or 'max(chunk, 100)'} ms; 0 with RTF nan = not measured"
+        f"{args.threads} torch thread(s); clips of at least {args.clip_s:g} s; client audio pieces "
+        f"{args.piece_ms or 'max(chunk, 100)'} ms; median of {args.trials} trial(s) (each listed below); "
+        "0 with RTF nan = not measured"
     )
     print("chunk_ms | engine-direct | service cache-aware | service/engine | service buffered | cache-aware/buffered")
     for chunk_ms in chunks:
-        engine_n, engine_rtf = direct[chunk_ms]
-        service_n, service_rtf_at = cache_aware[chunk_ms]
-        buffered_n, buffered_rtf = buffered[chunk_ms]
+        engine_n, engine_rtf = median_trial(direct[chunk_ms])
+        service_n, service_rtf_at = median_trial(cache_aware[chunk_ms])
+        buffered_n, buffered_rtf = median_trial(buffered[chunk_ms])
         ratio = f"{service_n / engine_n:.0%}" if engine_n else "-"
         versus = f"{service_n / buffered_n:.1f}x" if buffered_n else ("inf" if service_n else "-")
         print(
             f"{chunk_ms:8d} | {engine_n:4d} (RTF {engine_rtf:.2f}) | {service_n:8d} (RTF {service_rtf_at:.2f}) | "
             f"{ratio:>14s} | {buffered_n:6d} (RTF {buffered_rtf:.2f}) | {versus:>20s}"
         )
+    if args.trials > 1:
+        for label, results in (("engine-direct", direct), ("cache-aware", cache_aware), ("buffered", buffered)):
+            trials = "; ".join(f"{c} ms {[n for n, _ in results[c]]}" for c in chunks if results[c])
+            if trials:
+                print(f"trials, {label}: {trials}")
     print(f"total {time.perf_counter() - started:.0f} s")
 
 
