@@ -310,14 +310,15 @@ def main() -> None:
         f"\nreal-time stream capacity (per-stream RTF < 1), preset {args.preset}, device {args.device} {args.dtype}, "
         f"{args.threads} torch thread(s); clips of at least {args.clip_s:g} s; client audio pieces "
         f"{args.piece_ms or 'max(chunk, 100)'} ms; median of {args.trials} trial(s) (each listed below); "
-        "0 with RTF nan = not measured"
+        "0 with RTF nan = not measured; N = --max-streams is the search limit, a lower bound"
     )
     print("chunk_ms | engine-direct | service cache-aware | service/engine | service buffered | cache-aware/buffered")
     for chunk_ms in chunks:
         engine_n, engine_rtf = median_trial(direct[chunk_ms])
         service_n, service_rtf_at = median_trial(cache_aware[chunk_ms])
         buffered_n, buffered_rtf = median_trial(buffered[chunk_ms])
-        ratio = f"{service_n / engine_n:.0%}" if engine_n else "-"
+        # At the search limit a capacity is only a lower bound: no ratio from it (raise --max-streams).
+        ratio = f"{service_n / engine_n:.0%}" if engine_n and engine_n < args.max_streams else "-"
         versus = f"{service_n / buffered_n:.1f}x" if buffered_n else ("inf" if service_n else "-")
         print(
             f"{chunk_ms:8d} | {engine_n:4d} (RTF {engine_rtf:.2f}) | {service_n:8d} (RTF {service_rtf_at:.2f}) | "
