@@ -19,7 +19,7 @@ CACHE_AWARE_CHUNKS=${CACHE_AWARE_CHUNKS:-320,80,160,560,1120}
 BUFFERED_CHUNKS=${BUFFERED_CHUNKS:-320,80,160,560,1120}
 # ASR: dtype of encoder/decoder/caches, and the capacity search (one try per probe, bisect to within 10 %)
 ASR_DTYPE=${ASR_DTYPE:-bfloat16}
-ASR_SEARCH=${ASR_SEARCH:---repeats 1 --precision 0.1}
+ASR_SEARCH=${ASR_SEARCH:---runs 1 --trials 1 --precision 0.1}
 # TTS worker counts (each worker is one VoxCPM2 copy in its own process; compiled ones compile ~23 s each).
 TTS_EAGER_WORKERS=${TTS_EAGER_WORKERS:-1,2,4,8}
 TTS_COMPILED_WORKERS=${TTS_COMPILED_WORKERS:-1,2,4}
