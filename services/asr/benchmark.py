@@ -70,13 +70,12 @@ class EngineDirect:
         for module in (self.model.encoder, self.model.decoder, self.model.joint):  # as the service does
             module.to(self.dtype)
 
-    def rtf(self, chunk_ms: int, streams: int, seconds: float = 0.0) -> float:
+    def rtf(self, chunk_ms: int, streams: int, seconds: float) -> float:
         from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
 
         from services.asr.backends.fastconformer import context_for_chunk_ms
 
         torch, model = self.torch, self.model
-        seconds = seconds or clip_seconds(chunk_ms)
         audio = clips(streams, seconds)
         with torch.inference_mode():
             started = time.perf_counter()
@@ -130,10 +129,10 @@ async def _one_stream(stub, chunk_ms: int, audio: np.ndarray, piece: int) -> flo
     return (time.perf_counter() - started) / (len(audio) / 16000)
 
 
-async def service_rtf(address: str, chunk_ms: int, streams: int, piece_ms: int = 0, seconds: float = 0.0) -> float:
+async def service_rtf(address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int = 0) -> float:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = asr_pb2_grpc.SpeechRecognizerStub(channel)
-        audio = clips(streams, seconds or clip_seconds(chunk_ms))
+        audio = clips(streams, seconds)
         piece = piece_samples(chunk_ms, piece_ms)
         rtfs = await asyncio.gather(*(_one_stream(stub, chunk_ms, clip, piece) for clip in audio))
     return max(rtfs)
@@ -282,7 +281,7 @@ def main() -> None:
             seconds = clip_seconds(chunk_ms, args.clip_s)
             paths = []  # (label, measure(N) -> RTF, where the capacity goes)
             if engine:
-                engine.rtf(chunk_ms, 1)  # warm-up
+                engine.rtf(chunk_ms, 1, seconds)  # warm-up
                 paths.append(("engine-direct      ", lambda n, c=chunk_ms, s=seconds: engine.rtf(c, n, s), direct))
             for backend, results in (("cache-aware", cache_aware), ("buffered", buffered)):
                 if backend in services:
@@ -291,7 +290,7 @@ def main() -> None:
                         (
                             f"service {backend:11s}",
                             lambda n, c=chunk_ms, a=address, s=seconds: loop.run_until_complete(
-                                service_rtf(a, c, n, args.piece_ms, s)
+                                service_rtf(a, c, n, s, args.piece_ms)
                             ),
                             results,
                         )
