@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -137,3 +137,22 @@ def running_service(
         yield service
     finally:
         service.terminate()
+
+
+def proc_stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: [state, ppid, ...]; the nice value is at index 16."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def child_processes(parent_pid: int, matches: Callable[[bytes], bool]) -> list[int]:
+    """Pids of `parent_pid`'s children whose command line (NUL-separated) `matches`: an engine process, say."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (entry / "cmdline").read_bytes()
+            parent = int(proc_stat(int(entry.name))[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if parent == parent_pid and matches(command):
+            found.append(int(entry.name))
+    return found

@@ -19,6 +19,10 @@ class AudioError(ValueError):
     """The client's audio is malformed; the message says why (it becomes INVALID_ARGUMENT)."""
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine is gone (its process exited) or failed to start; the message says why (UNAVAILABLE)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamSettings:
     request_id: str
@@ -64,7 +68,8 @@ class RecognizerBackend(Protocol):
     def recognize(self, settings: StreamSettings, audio: AsyncIterator[np.ndarray]) -> AsyncIterator[RecognitionUpdate]:
         """Stream hypotheses for 16 kHz float32 audio arriving in pieces of any length; the last is final.
 
-        Raises AudioError if `audio` does. Cancelling the iteration frees the stream's resources."""
+        Raises AudioError if `audio` does, EngineUnavailable if the engine is gone. Cancelling the iteration
+        frees the stream's resources."""
 
     async def transcribe(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
         """One offline pass over a whole clip with the attention context of `settings.chunk_ms`."""

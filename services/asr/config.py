@@ -53,6 +53,13 @@ class AsrConfig(ServingConfig):
         metadata={"help": "dtype of the encoder, decoder and caches: float32 or bfloat16 (for GPUs)"},
     )
     threads: int = dataclasses.field(default=0, metadata={"help": "torch CPU threads (0 = torch's default)"})
+    engine_process: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "run the model in its own process beside the gRPC server, so that the batched step does not "
+            "share an interpreter lock with gRPC (false: one process, steps in a worker thread)"
+        },
+    )
     seed: int = dataclasses.field(default=0, metadata={"help": "seed of the synthetic weights"})
     record_encoder_dir: str = dataclasses.field(
         default="", metadata={"help": "debug: write each stream's encoder output and tokens here (.npz)"}

@@ -48,6 +48,12 @@ audio_processed = Counter(
     "voiceagent_asr_audio_processed_seconds", "Seconds of audio consumed by the encoder", ["chunk_ms"]
 )
 
+# What the engine process records and forwards to the gRPC process's registry (backends/engine_process.py).
+FORWARDED = (
+    "chunk_processing", "final_latency", "active_streams", "step_batch", "step_duration", "encoder_frames",
+    "audio_processed",
+)  # fmt: skip
+
 for _chunk in CHUNK_MS:
     for _metric in (chunk_processing, final_latency, active_streams, step_batch, step_duration):
         _metric.labels(_chunk)

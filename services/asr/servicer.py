@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 
-from services.asr.backend import AudioError, RecognizerBackend, StreamSettings
+from services.asr.backend import AudioError, EngineUnavailable, RecognizerBackend, StreamSettings
 from services.asr.config import AsrConfig
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
 from voiceagent.serving.info import info_response
@@ -59,10 +59,14 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
         asr_pb2_grpc.add_SpeechRecognizerServicer_to_server(self, server)
 
     async def start(self, ceilings: DeviceCeilings) -> None:
-        from services.asr.backends import load_backend
-
         self.ceilings = ceilings
-        if self.backend is None:
+        if self.backend is None and self.config.engine_process:
+            from services.asr.backends.engine_process import EngineProcess
+
+            self.backend = EngineProcess(self.config)
+        elif self.backend is None:
+            from services.asr.backends import load_backend
+
             self.backend = await asyncio.to_thread(load_backend, self.config)
         await self.backend.start()
         self.ready = True
@@ -129,6 +133,8 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
                 )
         except AudioError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except EngineUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         finally:
             self.active_streams -= 1
 
@@ -139,7 +145,10 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
             audio = decode_audio(request.audio, request.config.encoding)
         except (InvalidRequest, AudioError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        result = await self.backend.transcribe(settings, audio)
+        try:
+            result = await self.backend.transcribe(settings, audio)
+        except EngineUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return asr_pb2.RecognizeResponse(
             request_id=settings.request_id,
             transcript=result.transcript,

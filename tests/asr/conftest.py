@@ -1,8 +1,9 @@
 """ASR test fixtures: a tiny `.nemo` checkpoint saved locally, and real servers in their own processes.
 
 The cache-aware server restores that checkpoint (the real-checkpoint path); the buffered one builds the
-tiny preset. Both record every stream's encoder output to a directory (`--record-encoder-dir`), which is
-how tests compare streamed encoder frames with an offline pass bit for bit.
+tiny preset, and runs it in the gRPC process (`--engine-process false`; the others run their model in an
+engine process). Both record every stream's encoder output to a directory (`--record-encoder-dir`), which
+is how tests compare streamed encoder frames with an offline pass bit for bit.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def cache_aware(tiny_checkpoint, record_dir):
 def buffered(record_dir):
     args = ["--preset", "tiny", "--backend", "buffered", "--buffered-window-ms", str(BUFFERED_WINDOW_MS)]
     args += ["--probe-ceilings", "false", "--record-encoder-dir", str(record_dir), "--threads", "1"]
+    args += ["--engine-process", "false"]  # the single-process mode (steps in a worker thread) stays covered
     with running_service("services.asr", venv_python("asr"), args) as service:
         yield service
 

@@ -35,6 +35,8 @@ from voiceagent.serving.metrics import service_metrics
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
+Arrival = tuple[np.ndarray | None, float]  # audio and when it arrived (time.perf_counter); None: the end
+
 
 class Stream:
     """One client stream's state between steps: audio, mel frames, decoder hypothesis, cache slot."""
@@ -63,10 +65,10 @@ class Stream:
         self.updates: asyncio.Queue = asyncio.Queue()
         self.encoded: list[np.ndarray] = []  # kept only when recording encoder outputs
 
-    def append(self, audio: np.ndarray) -> None:
+    def append(self, audio: np.ndarray, arrived_at: float) -> None:
         with self.feature_lock:
             self.features.append(audio)
-        self.arrivals.append((self.features.total_samples, time.perf_counter()))
+        self.arrivals.append((self.features.total_samples, arrived_at))
 
     def mel_available(self) -> int:
         return self.features.available(self.closed)
@@ -176,7 +178,7 @@ class BatchingBackend:
         for chunk_ms in self.chunk_ms_choices:
             self._offline(StreamSettings("warm-up", chunk_ms), clip)
             stream = self._new_stream(StreamSettings("warm-up", chunk_ms, False))
-            stream.append(clip)
+            stream.append(clip, time.perf_counter())
             stream.closed = True
             while stream.mel_consumed < stream.mel_available():
                 self._step([stream])
@@ -220,6 +222,12 @@ class BatchingBackend:
         self.slot_freed.set()
 
     async def recognize(self, settings: StreamSettings, audio: AsyncIterator[np.ndarray]):
+        async for update in self.recognize_timed(settings, _arrivals(audio)):
+            yield update
+
+    async def recognize_timed(self, settings: StreamSettings, audio: AsyncIterator[Arrival]):
+        """`recognize`, for audio stamped where it arrived (the gRPC process, when this one is the engine
+        process): pieces `(samples, perf_counter time)`, and `(None, time)` for the end of the audio."""
         # The servicer admits at most max_streams, but a slot whose client just left is freed only after the
         # step holding it ends: wait that one step rather than fail.
         while not self.free_slots:
@@ -248,17 +256,21 @@ class BatchingBackend:
             else:
                 self._release(stream)
 
-    async def _pump(self, stream: Stream, audio: AsyncIterator[np.ndarray]) -> None:
+    async def _pump(self, stream: Stream, audio: AsyncIterator[Arrival]) -> None:
         wake = self.wake[stream.settings.chunk_ms]
+        ended_at = None
         try:
-            async for piece in audio:
-                stream.append(piece)
+            async for piece, arrived_at in audio:
+                if piece is None:
+                    ended_at = arrived_at
+                    break
+                stream.append(piece, arrived_at)
                 wake.set()
         except Exception as exc:  # malformed audio: hand it to the stream's reader
             stream.updates.put_nowait(exc)
             return
         stream.closed = True
-        stream.closed_at = time.perf_counter()
+        stream.closed_at = ended_at or time.perf_counter()
         wake.set()
 
     def _held_until(self, stream: Stream) -> float:
@@ -460,6 +472,12 @@ class BatchingBackend:
         self.record_dir.mkdir(parents=True, exist_ok=True)
         path = self.record_dir / f"{_SAFE_ID.sub('_', request_id)}.{self.name}.{kind}.npz"
         np.savez(path, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64))
+
+
+async def _arrivals(audio: AsyncIterator[np.ndarray]) -> AsyncIterator[Arrival]:
+    async for piece in audio:
+        yield piece, time.perf_counter()
+    yield None, time.perf_counter()
 
 
 def _token_list(sequence) -> list[int]:

@@ -1,0 +1,302 @@
+"""The recognizer in its own process: the gRPC process forwards audio to it and relays its hypotheses.
+
+Why a process and not a thread: the batched step is thousands of small torch calls, and it drops and
+retakes the GIL around each one. In one process with the gRPC server, every message the event loop
+handles takes the GIL from the step, and a step thread that loses the GIL waits for the loop's whole
+turn plus a cross-core wake-up. On this 2-core CPU a thread holding the GIL 5 % of the time slowed a
+batched step ~7 %, 20 % of the time ~37 %. In its own process the step has an interpreter to itself
+(vLLM splits its engine core from its API server for the same reason).
+
+The engine process runs the configured backend unchanged (`load_backend`) on its own event loop. Audio is
+stamped with its arrival time here, so latencies still count from when the gRPC server received it.
+Metric calls in the engine process are forwarded and applied to this process's Prometheus registry: one
+endpoint, the same series. If the engine process dies, open streams fail with EngineUnavailable and the
+service shuts down, so that its orchestrator restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import numpy as np
+
+from services.asr import metrics
+from services.asr.backend import EngineUnavailable, OfflineResult, StreamSettings
+from services.asr.config import AsrConfig
+from voiceagent.serving.channel import Channel
+from voiceagent.serving.info import ModelFacts
+from voiceagent.serving.metrics import service_metrics
+
+log = logging.getLogger(__name__)
+
+
+class EngineProcess:
+    """A RecognizerBackend whose model runs in a child process."""
+
+    def __init__(self, config: AsrConfig):
+        self.config = config
+        self.name = ""  # the engine's backend name, known once it is ready
+        self.chunk_ms_choices: tuple[int, ...] = ()
+        self._facts: ModelFacts | None = None
+        self._limits: Mapping[str, float] = {}
+        self.process: multiprocessing.Process | None = None
+        self.channel: Channel | None = None
+        self.receiver: asyncio.Task | None = None
+        self.ids = itertools.count()
+        self.streams: dict[int, asyncio.Queue] = {}
+        self.offline: dict[int, asyncio.Future] = {}
+        self.ready: asyncio.Future | None = None
+        self.failure = ""
+        self.started = False
+        self.stopping = False
+        self.targets = {"work": service_metrics("asr")}
+
+    # --- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        ours, theirs = socket.socketpair()
+        context = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or locks
+        self.process = context.Process(target=_engine_main, args=(self.config, theirs), name="asr-engine")
+        self.process.start()
+        theirs.close()
+        self.channel = await Channel.open(ours)
+        self.ready = asyncio.get_running_loop().create_future()
+        self.receiver = asyncio.create_task(self._receive())
+        self.name, self.chunk_ms_choices, self._facts, self._limits = await self.ready
+        self.started = True
+
+    async def stop(self) -> None:
+        self.stopping = True
+        if self.channel is not None:
+            self.channel.send(("stop",))
+            await self.channel.close()
+        if self.process is not None:
+            await asyncio.to_thread(self.process.join, 30)
+            if self.process.is_alive():
+                self.process.kill()
+                await asyncio.to_thread(self.process.join)
+        if self.receiver is not None:
+            self.receiver.cancel()
+
+    def facts(self) -> ModelFacts:
+        return self._facts
+
+    def limits(self) -> Mapping[str, float]:
+        return {**self._limits, "engine_process": 1}
+
+    # --- streams -----------------------------------------------------------------------------------------
+    async def recognize(self, settings: StreamSettings, audio: AsyncIterator[np.ndarray]):
+        self._check()
+        stream_id = next(self.ids)
+        updates: asyncio.Queue = asyncio.Queue()
+        self.streams[stream_id] = updates
+        self.channel.send(("open", stream_id, settings))
+        pump = asyncio.create_task(self._pump(stream_id, audio, updates))
+        final = False
+        try:
+            while True:
+                update = await updates.get()
+                if isinstance(update, BaseException):
+                    raise update
+                yield update
+                if update.is_final:
+                    final = True
+                    return
+        finally:
+            pump.cancel()
+            del self.streams[stream_id]
+            if not final and not self.failure:
+                self.channel.send(("cancel", stream_id))  # the client left (or its audio was bad): free the slot
+
+    async def _pump(self, stream_id: int, audio: AsyncIterator[np.ndarray], updates: asyncio.Queue) -> None:
+        try:
+            async for piece in audio:
+                self.channel.send(("audio", stream_id, piece, time.perf_counter()))
+        except Exception as exc:  # malformed audio: hand it to the stream's reader
+            updates.put_nowait(exc)
+            return
+        self.channel.send(("end", stream_id, time.perf_counter()))
+
+    async def transcribe(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
+        self._check()
+        request_id = next(self.ids)
+        self.offline[request_id] = result = asyncio.get_running_loop().create_future()
+        self.channel.send(("transcribe", request_id, settings, audio))
+        try:
+            return await result
+        finally:
+            del self.offline[request_id]
+
+    def _check(self) -> None:
+        if self.failure:
+            raise EngineUnavailable(self.failure)
+
+    # --- what the engine process sends -------------------------------------------------------------------
+    async def _receive(self) -> None:
+        while (messages := await self.channel.receive()) is not None:
+            for message in messages:
+                self._dispatch(*message)
+        await self._engine_lost()
+
+    def _dispatch(self, kind: str, *fields) -> None:
+        if kind == "update":
+            stream_id, update = fields
+            if (updates := self.streams.get(stream_id)) is not None:
+                updates.put_nowait(update)
+        elif kind == "failed":
+            stream_id, message = fields
+            if (updates := self.streams.get(stream_id)) is not None:
+                updates.put_nowait(RuntimeError(message))
+        elif kind == "metric":
+            name, labels, method, args = fields
+            target = self.targets.get(name) or getattr(metrics, name)
+            getattr(target.labels(*labels) if labels else target, method)(*args)
+        elif kind == "transcribed":
+            request_id, result = fields
+            if (future := self.offline.get(request_id)) is not None and not future.done():
+                if isinstance(result, str):
+                    future.set_exception(RuntimeError(result))
+                else:
+                    future.set_result(result)
+        elif kind == "ready":
+            self.ready.set_result(fields)
+        elif kind == "start-failed":
+            self.ready.set_exception(EngineUnavailable(f"the ASR engine failed to start: {fields[0]}"))
+
+    async def _engine_lost(self) -> None:
+        await asyncio.to_thread(self.process.join, 5)
+        self.failure = f"the ASR engine process exited (code {self.process.exitcode})"
+        if not self.started:  # start() raises: the service fails to start, nothing to drain
+            if not self.ready.done():
+                self.ready.set_exception(EngineUnavailable(self.failure))
+            return
+        if self.stopping:
+            return
+        log.error("%s; failing %d open streams and shutting down", self.failure, len(self.streams))
+        for updates in self.streams.values():
+            updates.put_nowait(EngineUnavailable(self.failure))
+        for future in self.offline.values():
+            if not future.done():
+                future.set_exception(EngineUnavailable(self.failure))
+        os.kill(os.getpid(), signal.SIGTERM)  # drain and exit; the orchestrator starts a new one
+
+
+# --- the engine process ----------------------------------------------------------------------------------
+class _Forwarded:
+    """Stands in for a metric in the engine process: records `metric.labels(...).method(args)` as a message."""
+
+    def __init__(self, channel: Channel, name: str, labels: tuple = ()):
+        self.channel, self.name, self.label_values = channel, name, labels
+
+    def labels(self, *labels) -> _Forwarded:
+        return _Forwarded(self.channel, self.name, labels)
+
+    def __getattr__(self, method: str):
+        return lambda *args: self.channel.send(("metric", self.name, self.label_values, method, args))
+
+
+def _engine_main(config: AsrConfig, sock: socket.socket) -> None:
+    # SIGINT from a terminal reaches the whole process group; the gRPC process drains and then stops this one.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s (engine): %(message)s")
+    asyncio.run(_serve_engine(config, sock))
+
+
+async def _serve_engine(config: AsrConfig, sock: socket.socket) -> None:
+    from services.asr.backends import load_backend
+
+    channel = await Channel.open(sock)
+    for name in metrics.FORWARDED:  # before the backend looks any of them up
+        setattr(metrics, name, _Forwarded(channel, name))
+    try:
+        backend = await asyncio.to_thread(load_backend, config)
+        backend.work = _Forwarded(channel, "work")
+        await backend.start()
+    except Exception as exc:
+        log.exception("the ASR engine failed to start")
+        channel.send(("start-failed", f"{type(exc).__name__}: {exc}"))
+        await channel.close()
+        return
+    gc.freeze()  # as the gRPC process does after start-up: keep the collector off the model's objects
+    channel.send(("ready", backend.name, backend.chunk_ms_choices, backend.facts(), dict(backend.limits())))
+    engine = _Engine(backend, channel)
+    while (messages := await channel.receive()) is not None:
+        for message in messages:
+            if message[0] == "stop":
+                await engine.stop()
+                await channel.close()
+                return
+            engine.dispatch(*message)
+    await engine.stop()  # the gRPC process is gone
+
+
+class _Engine:
+    """The engine process's side: one task per stream, fed from the channel, relaying the backend's updates."""
+
+    def __init__(self, backend, channel: Channel):
+        self.backend = backend
+        self.channel = channel
+        self.audio: dict[int, asyncio.Queue] = {}
+        self.tasks: dict[int, asyncio.Task] = {}
+
+    def dispatch(self, kind: str, *fields) -> None:
+        if kind == "open":
+            stream_id, settings = fields
+            self.audio[stream_id] = asyncio.Queue()
+            self.tasks[stream_id] = task = asyncio.create_task(self._stream(stream_id, settings))
+            task.add_done_callback(lambda _, forget=stream_id: self._forget(forget))
+        elif kind == "audio":
+            stream_id, piece, arrived_at = fields
+            if (queue := self.audio.get(stream_id)) is not None:
+                queue.put_nowait((piece, arrived_at))
+        elif kind == "end":
+            stream_id, ended_at = fields
+            if (queue := self.audio.get(stream_id)) is not None:
+                queue.put_nowait((None, ended_at))
+        elif kind == "cancel":
+            if (task := self.tasks.get(fields[0])) is not None:
+                task.cancel()
+        elif kind == "transcribe":
+            asyncio.create_task(self._transcribe(*fields))
+
+    async def _stream(self, stream_id: int, settings: StreamSettings) -> None:
+        try:
+            async for update in self.backend.recognize_timed(settings, self._arrivals(stream_id)):
+                self.channel.send(("update", stream_id, update))
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            self.channel.send(("failed", stream_id, f"ASR engine: {type(exc).__name__}: {exc}"))
+
+    def _forget(self, stream_id: int) -> None:
+        del self.audio[stream_id], self.tasks[stream_id]
+
+    async def _arrivals(self, stream_id: int):
+        queue = self.audio[stream_id]
+        while True:
+            piece, arrived_at = await queue.get()
+            yield piece, arrived_at
+            if piece is None:
+                return
+
+    async def _transcribe(self, request_id: int, settings: StreamSettings, audio: np.ndarray) -> None:
+        try:
+            result: OfflineResult | str = await self.backend.transcribe(settings, audio)
+        except Exception as exc:
+            result = f"ASR engine: {type(exc).__name__}: {exc}"
+        self.channel.send(("transcribed", request_id, result))
+
+    async def stop(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        await self.backend.stop()
