@@ -66,6 +66,13 @@ class LlmConfig(ServingConfig):
         default=False, metadata={"help": "skip torch.compile warm-up (starts faster, may decode slower)"}
     )
     seed: int = dataclasses.field(default=0, metadata={"help": "engine seed (synthetic weights, sampling)"})
+    cpu_engine_core_nice: int = dataclasses.field(
+        default=10,
+        metadata={
+            "help": "on CPU, the nice value of vLLM's engine core process, which busy-waits on the core it shares "
+            "with the gRPC front end while its worker computes a step (0 leaves it; GPUs: not applied)"
+        },
+    )
 
     @property
     def model_dir(self) -> str:
@@ -122,6 +129,11 @@ class LlmConfig(ServingConfig):
         require(self.max_in_flight >= 1, "max_in_flight", f"must be >= 1, got {self.max_in_flight}")
         require(self.max_num_seqs >= 0, "max_num_seqs", f"must be >= 0, got {self.max_num_seqs}")
         require(self.kv_cache_gib > 0, "kv_cache_gib", f"must be > 0, got {self.kv_cache_gib}")
+        require(
+            0 <= self.cpu_engine_core_nice <= 19,
+            "cpu_engine_core_nice",
+            f"must be 0..19, got {self.cpu_engine_core_nice}",
+        )
         require(
             0 < self.gpu_memory_utilization <= 1,
             "gpu_memory_utilization",

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import hashlib
 import logging
+import os
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -102,6 +103,30 @@ def model_shape(vllm_config) -> ModelShape:
     return ModelShape.from_hf_config(vllm_config.model_config.hf_text_config, weight_bytes, kv_bytes)
 
 
+def yield_to_front_end(nice: int) -> list[int]:
+    """Lower the scheduling priority of this process's vLLM engine core (CPU deployments); returns its pids.
+
+    On CPU, vLLM binds its worker's OpenMP threads to all cores but one and leaves that one to everything
+    else: the engine core and the front end (this process, and on a small machine the clients). While the
+    worker computes a step, the engine core waits for its result on a shared-memory queue by spinning on
+    sched_yield for up to a second after each read, so under load it takes all of that core. The front end's
+    wake-ups (a request arriving, a token to send) then queue behind the spinner. At nice 10 they preempt it at
+    once. On the 2-core CPU at concurrency 16, 8 round pairs: service/engine-direct tokens/s 97.3 % -> 101.3 %,
+    TTFT p50 +7.3 ms -> -4.1 ms (services/llm/README.md). The engine core's main thread only: its socket threads keep
+    their priority. Both benchmark paths get it (the benchmark's in-process engine runs this code too)."""
+    import psutil
+
+    pids = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if child.name().startswith("VLLM::EngineCor"):  # its title, truncated to 15 characters
+                os.setpriority(os.PRIO_PROCESS, child.pid, nice)
+                pids.append(child.pid)
+    if not pids:
+        log.warning("no VLLM::EngineCore child process found; its priority is left as it is")
+    return pids
+
+
 def engine_input(engine: AsyncLLM, prompt_ids: list[int]):
     """Token ids rendered for the engine as AsyncLLM renders a raw prompt (same checks, same result), but here,
     inline. Handed a raw prompt, AsyncLLM renders it on a thread pool, a hop made for tokenising text that
@@ -161,6 +186,8 @@ class VllmGenerator:
         # Shielded: a SIGTERM during start-up cancels start(), but the engine still gets built and then
         # shut down by stop(), rather than left running as an orphaned engine-core process.
         self.engine = await asyncio.shield(self._building)
+        if self.config.device == "cpu" and self.config.cpu_engine_core_nice:
+            yield_to_front_end(self.config.cpu_engine_core_nice)
         metrics.export_engine_metrics(get_prometheus_registry())
         model_config = self.engine.vllm_config.model_config
         self.shape = model_shape(self.engine.vllm_config)
