@@ -28,6 +28,7 @@ import gc
 import math
 import statistics
 import time
+from collections.abc import Sequence
 
 import grpc
 import numpy as np
@@ -211,9 +212,11 @@ def capacities(measures: list, limit: int, runs: int = 3, precision: float = 0.0
     return results
 
 
-def start_asr_service(backend: str, preset: str, limit: int, threads: int, device: str, dtype: str):
+def start_asr_service(
+    backend: str, preset: str, limit: int, threads: int, device: str, dtype: str, extra: Sequence[str] = ()
+):
     args = ["--preset", preset, "--backend", backend, "--max-streams", str(limit), "--max-batch-streams", str(limit)]
-    args += ["--threads", str(threads), "--device", device, "--dtype", dtype]
+    args += ["--threads", str(threads), "--device", device, "--dtype", dtype, *extra]
     service = start_service("services.asr", venv_python("asr"), args + ["--probe-ceilings", "false"])
     deadline = time.monotonic() + 600
     while True:  # a health check can time out while a large model warms up on a busy machine
@@ -318,7 +321,8 @@ def main() -> None:
         buffered_n, buffered_rtf = median_trial(buffered[chunk_ms])
         # At the search limit a capacity is only a lower bound: no ratio from it (raise --max-streams).
         ratio = f"{service_n / engine_n:.0%}" if engine_n and engine_n < args.max_streams else "-"
-        versus = f"{service_n / buffered_n:.1f}x" if buffered_n else ("inf" if service_n else "-")
+        measured = bool(buffered[chunk_ms])  # 0 streams measured (not real-time at 1) reads "inf"; not measured "-"
+        versus = f"{service_n / buffered_n:.1f}x" if buffered_n else ("inf" if service_n and measured else "-")
         print(
             f"{chunk_ms:8d} | {engine_n:4d} (RTF {engine_rtf:.2f}) | {service_n:8d} (RTF {service_rtf_at:.2f}) | "
             f"{ratio:>14s} | {buffered_n:6d} (RTF {buffered_rtf:.2f}) | {versus:>20s}"
