@@ -131,7 +131,7 @@ class _Cpu:
 class _Runner:
     """Locust's runner, local or master + worker processes, behind the three things a level needs."""
 
-    def __init__(self, plan: SweepPlan, workload: Workload, sink: RecordSink):
+    def __init__(self, plan: SweepPlan, workload: Workload, sink: RecordSink, connect_timeout_s: float = 60):
         self.environment = Environment(user_classes=[USERS[plan.target]])
         self.workers: list[subprocess.Popen] = []
         self.drained = 0
@@ -147,10 +147,22 @@ class _Runner:
         command = [sys.executable, "-m", "loadgen", "worker", "--master-port", str(port), "--target", plan.target]
         env = {**os.environ, "LOADGEN_WORKLOAD": workload.to_json()}
         self.workers = [subprocess.Popen(command, env=env) for _ in range(plan.workers)]
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + connect_timeout_s
         while len(self.runner.clients.ready) < plan.workers:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{len(self.runner.clients.ready)} of {plan.workers} Locust workers connected")
+                # Stop them all before failing: a connected worker left behind would outlive the sweep (and
+                # hold its caller's output pipes) until its own 60 s heartbeat timeout; a hung one, for ever.
+                states = [
+                    f"pid {w.pid} " + ("running" if w.poll() is None else f"exited {w.returncode}")
+                    for w in self.workers
+                ]
+                connected = len(self.runner.clients.ready)
+                self.runner.quit()
+                self._stop_workers(timeout_s=5)
+                raise TimeoutError(
+                    f"{connected} of {plan.workers} Locust workers connected in {connect_timeout_s:g} s "
+                    f"({', '.join(states)})"
+                )
             gevent.sleep(0.2)
 
     def _worker_drained(self) -> None:
@@ -179,13 +191,19 @@ class _Runner:
 
     def close(self) -> None:
         self.runner.quit()
-        for worker in self.workers:
-            try:
-                worker.wait(10)
-            except subprocess.TimeoutExpired:
-                worker.kill()
+        self._stop_workers(timeout_s=10)
         if not self.workers:
             self.context.close()
+
+    def _stop_workers(self, timeout_s: float) -> None:
+        """Wait for the workers to quit (the master told them to), killing any still there after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        for worker in self.workers:
+            try:
+                worker.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
 
 
 def free_port() -> int:
