@@ -139,9 +139,11 @@ def running_service(
         service.terminate()
 
 
-def proc_stat(pid: int) -> list[str]:
-    """/proc/<pid>/stat after the command name: [state, ppid, ...]; the nice value is at index 16."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def proc_stat(pid: int, tid: int | None = None) -> list[str]:
+    """/proc/<pid>/stat (or one thread's, /proc/<pid>/task/<tid>/stat) after the command name: [state, ppid,
+    ...]; user and system CPU ticks are at indices 11 and 12, the nice value at 16."""
+    path = Path(f"/proc/{pid}/stat") if tid is None else Path(f"/proc/{pid}/task/{tid}/stat")
+    return path.read_text().rsplit(")", 1)[1].split()
 
 
 def child_processes(parent_pid: int, matches: Callable[[bytes], bool]) -> list[int]:

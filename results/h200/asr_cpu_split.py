@@ -17,20 +17,18 @@ import multiprocessing
 import os
 import time
 import urllib.request
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.asr.benchmark import EngineDirect, clip_seconds, service_rtf, start_asr_service
-from tests.harness import child_processes
+from tests.harness import child_processes, proc_stat
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_s(pid: int, tid: int | None = None) -> float:
     """utime + stime of a process (or one of its threads) in seconds."""
-    path = Path(f"/proc/{pid}/stat") if tid is None else Path(f"/proc/{pid}/task/{tid}/stat")
-    fields = path.read_text().rsplit(")", 1)[1].split()
+    fields = proc_stat(pid, tid)
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 

@@ -247,6 +247,7 @@ class _Engine:
         self.channel = channel
         self.audio: dict[int, asyncio.Queue] = {}
         self.tasks: dict[int, asyncio.Task] = {}
+        self.transcribing: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
 
     def dispatch(self, kind: str, *fields) -> None:
         if kind == "open":
@@ -266,7 +267,9 @@ class _Engine:
             if (task := self.tasks.get(fields[0])) is not None:
                 task.cancel()
         elif kind == "transcribe":
-            asyncio.create_task(self._transcribe(*fields))
+            task = asyncio.create_task(self._transcribe(*fields))
+            self.transcribing.add(task)
+            task.add_done_callback(self.transcribing.discard)
 
     async def _stream(self, stream_id: int, settings: StreamSettings) -> None:
         try:
@@ -296,7 +299,8 @@ class _Engine:
         self.channel.send(("transcribed", request_id, result))
 
     async def stop(self) -> None:
-        for task in list(self.tasks.values()):
+        running = [*self.tasks.values(), *self.transcribing]
+        for task in running:
             task.cancel()
-        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
         await self.backend.stop()
