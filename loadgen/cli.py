@@ -30,6 +30,13 @@ def _levels(text: str) -> list[int]:
     return sorted(set(levels))
 
 
+def _presets(text: str) -> dict[str, str]:
+    presets = dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+    if not presets or set(presets) - {"asr", "llm", "tts"} or text.count("=") != len(presets):
+        raise argparse.ArgumentTypeError(f"--presets {text!r}: expected SERVICE=PRESET,... with asr, llm or tts")
+    return presets
+
+
 def _lengths(text: str) -> Lengths:
     try:
         return Lengths(text)
@@ -91,6 +98,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="short levels (a smoke run of the whole job)")
     run.add_argument("--no-peer", dest="peer", action="store_false", help="skip the side-by-side vllm serve run")
     run.add_argument("--preset", default="", help="one preset for all three services (e.g. tiny); default: each's own")
+    run.add_argument("--presets", type=_presets, default={}, help="some services' presets, e.g. asr=fastconformer-100m")
+
+    compare = commands.add_parser("compare", help="a running LLM service side by side with `vllm serve`")
+    compare.add_argument("--rounds", type=int, default=3, help="interleaved rounds (ours, peer, ...) per level")
+    compare.add_argument("--quick", action="store_true", help="short levels")
+    compare.add_argument("--reports", type=Path, default=Path("reports"))
+    compare.add_argument("--peer-args", default="", help="extra `vllm serve` flags, e.g. --peer-args=--enforce-eager")
+    add_workload_flags(compare)
 
     from loadgen.analysis.plan import add_plan_arguments
 
@@ -119,6 +134,19 @@ def sweep_command(args: argparse.Namespace) -> int:
     return 0 if sweep.levels else 1
 
 
+def compare_command(args: argparse.Namespace) -> int:
+    from loadgen.peer import side_by_side
+    from loadgen.report import run_folder
+    from loadgen.session import Stages
+
+    workload = workload_from(args)
+    folder = run_folder(args.reports, "compare")
+    rows = side_by_side(workload.endpoints.llm, workload, folder / "peer", args.quick, Stages(), args.rounds,
+                        tuple(args.peer_args.split()))  # fmt: skip
+    print(f"\nturns and pooled rows: {folder / 'peer'}/turns.json, comparison.json")
+    return 0 if rows and all(row["rounds"] for row in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "sweep":
@@ -127,13 +155,15 @@ def main(argv: list[str] | None = None) -> int:
         from loadgen.analysis.plan import plan_command
 
         return plan_command(args)
+    if args.command == "compare":
+        return compare_command(args)
     if args.command == "worker":
         from loadgen.worker import run_worker
 
         return run_worker(args.target, args.master_host, args.master_port, workload_from(args))
     from loadgen.session import run_session
 
-    return run_session(args.reports, quick=args.quick, peer=args.peer, preset=args.preset)
+    return run_session(args.reports, quick=args.quick, peer=args.peer, preset=args.preset, presets=args.presets)
 
 
 if __name__ == "__main__":

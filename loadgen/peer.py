@@ -1,90 +1,169 @@
 """Side by side: our LLM service and `vllm serve` on the same model, preset and workload, at concurrency 1 and 16.
 
-Each gets the machine to itself in turn (ours first, then the peer), the same random token-id prompts and
-output lengths, greedy and ignore_eos, prefix caching off. Compared: TTFT p50 and tokens/s.
+Both servers stay up and take turns: per round and level, one short sweep of ours then one of the peer (the
+order flips every round), so a drift of the machine (another tenant, thermal state, a noisy neighbour) lands on
+both sides instead of deciding the verdict. The verdict pools the rounds and states their spread; it says
+"beats" or "trails" only when the pooled difference exceeds the spread of the per-round differences. Same
+random token-id prompts and output lengths, greedy and ignore_eos, prefix caching off. Compared: TTFT p50 and
+tokens/s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import statistics
+import time
 from pathlib import Path
 
 import grpc
 
-from loadgen.processes import HttpProcess, ServiceProcess, peer_command
-from loadgen.report import write_report
+from loadgen.processes import HttpProcess, peer_command
+from loadgen.results import LevelResult
 from loadgen.sweep import SweepPlan, free_port, run_sweep
 from loadgen.workload import Workload
 from voiceagent.v1 import common_pb2, llm_pb2_grpc
 
 LEVELS = [1, 16]
-TOLERANCE = 0.05  # within 5% counts as a match: closer than run-to-run noise on a shared 2-core machine
+ROUNDS = 3
+MIN_SPREAD = 0.02  # closer than 2% is a match whatever the rounds say: below what one level can resolve
 
 
-def _plan(target: str, quick: bool) -> SweepPlan:
-    # No early stop: both sides run both levels whatever their latency.
-    return SweepPlan(target, LEVELS, duration_s=4.0 if quick else 10.0, warmup_s=1.0 if quick else 2.0,
-                     stop_early=False)  # fmt: skip
+@dataclasses.dataclass
+class Turn:
+    """One short sweep of one side at one level in one round."""
+
+    side: str  # "ours" | "peer"
+    round: int
+    concurrency: int
+    started_s: float
+    ttft_p50_s: float
+    tokens_per_s: float
+    requests: int
+    errors: int
 
 
-def _verdict(ours_ttft: float, peer_ttft: float, ours_tps: float, peer_tps: float) -> str:
-    parts = []
-    for what, ours, peer, lower_is_better in (("TTFT", ours_ttft, peer_ttft, True),
-                                              ("tokens/s", ours_tps, peer_tps, False)):  # fmt: skip
-        if not peer or not ours:
-            parts.append(f"{what}: no data")
-            continue
-        better = ours <= peer if lower_is_better else ours >= peer
-        close = abs(ours - peer) <= TOLERANCE * peer
-        gap = abs(ours / peer - 1)
-        parts.append(f"{what} " + ("beats" if better else "matches" if close else f"trails by {gap:.0%}"))
-    return ", ".join(parts)
+@dataclasses.dataclass
+class Comparison:
+    """One metric at one level, pooled over the rounds."""
+
+    metric: str  # "TTFT p50" | "tokens/s"
+    ours: float  # pooled: median of the rounds' TTFT p50, mean of the rounds' tokens/s
+    peer: float
+    ratios: list[float]  # ours / peer per round
+    lower_is_better: bool
+
+    @property
+    def ratio(self) -> float:
+        return self.ours / self.peer if self.peer else 0.0
+
+    @property
+    def spread(self) -> float:
+        """Half the range of the per-round ratios: how far one round can sit from another."""
+        return (max(self.ratios) - min(self.ratios)) / 2 if len(self.ratios) > 1 else 0.0
+
+    def verdict(self) -> str:
+        if not self.ours or not self.peer:
+            return f"{self.metric}: no data"
+        gap = self.ratio - 1
+        spread = f"±{self.spread:.0%} over {len(self.ratios)} rounds"
+        if abs(gap) <= max(self.spread, MIN_SPREAD):
+            return f"{self.metric} matches ({gap:+.0%}, {spread})"
+        better = gap < 0 if self.lower_is_better else gap > 0
+        return f"{self.metric} {'beats' if better else 'trails'} by {abs(gap):.0%} ({spread})"
 
 
-def compare(ours, peer) -> list[dict]:
+def compare(turns: list[Turn]) -> list[dict]:
+    """Rows per level: pooled TTFT and tokens/s of each side, their spread and the verdict."""
     rows = []
-    theirs = {level.concurrency: level for level in peer.levels}
-    for level in ours.levels:
-        other = theirs.get(level.concurrency)
-        ours_ttft, ours_tps = level.latency["ttft_s"].p50, level.throughput
-        peer_ttft, peer_tps = (other.latency["ttft_s"].p50, other.throughput) if other else (0.0, 0.0)
+    for concurrency in sorted({turn.concurrency for turn in turns}):
+        at = [turn for turn in turns if turn.concurrency == concurrency]
+        rounds = sorted({turn.round for turn in at})
+        pairs = []
+        for number in rounds:
+            ours = [turn for turn in at if turn.round == number and turn.side == "ours"]
+            peer = [turn for turn in at if turn.round == number and turn.side == "peer"]
+            if ours and peer and ours[0].requests and peer[0].requests:
+                pairs.append((ours[0], peer[0]))
+        ttft = Comparison(
+            "TTFT p50",
+            statistics.median(o.ttft_p50_s for o, _ in pairs) if pairs else 0.0,
+            statistics.median(p.ttft_p50_s for _, p in pairs) if pairs else 0.0,
+            [o.ttft_p50_s / p.ttft_p50_s for o, p in pairs if p.ttft_p50_s],
+            lower_is_better=True,
+        )
+        tokens = Comparison(
+            "tokens/s",
+            statistics.fmean(o.tokens_per_s for o, _ in pairs) if pairs else 0.0,
+            statistics.fmean(p.tokens_per_s for _, p in pairs) if pairs else 0.0,
+            [o.tokens_per_s / p.tokens_per_s for o, p in pairs if p.tokens_per_s],
+            lower_is_better=False,
+        )
         rows.append({
-            "concurrency": level.concurrency,
-            "ours_ttft": f"{ours_ttft * 1000:.0f} ms", "peer_ttft": f"{peer_ttft * 1000:.0f} ms" if other else "—",
-            "ours_tps": f"{ours_tps:.1f}", "peer_tps": f"{peer_tps:.1f}" if other else "—",
-            "verdict": _verdict(ours_ttft, peer_ttft, ours_tps, peer_tps),
+            "concurrency": concurrency,
+            "rounds": len(pairs),
+            "ours_ttft": f"{ttft.ours * 1000:.0f} ms" if pairs else "—",
+            "peer_ttft": f"{ttft.peer * 1000:.0f} ms" if pairs else "—",
+            "ours_tps": f"{tokens.ours:.1f}" if pairs else "—",
+            "peer_tps": f"{tokens.peer:.1f}" if pairs else "—",
+            "verdict": f"{ttft.verdict()}; {tokens.verdict()}",
         })  # fmt: skip
     return rows
 
 
-def side_by_side(llm: ServiceProcess, workload: Workload, folder: Path, quick: bool, stages) -> list[dict]:
-    """Sweep our LLM at C=1 and 16, stop it, start `vllm serve` on the same model, sweep it; print both."""
-    folder.mkdir()
-    with grpc.insecure_channel(llm.address) as channel:
-        info = llm_pb2_grpc.TextGeneratorStub(channel).GetInfo(common_pb2.InfoRequest(), timeout=10)
-    command = peer_command(info.model.preset, port := free_port())
-    (folder / "ours").mkdir()
-    ours = run_sweep(_plan("llm", quick), workload, folder / "ours", progress=lambda line: print(line, flush=True))
-    write_report(ours, folder / "ours")
-    llm.stop()
+def _turn(side: str, number: int, level: LevelResult, started_s: float) -> Turn:
+    ttft = level.latency.get("ttft_s")
+    return Turn(side, number, level.concurrency, started_s, ttft.p50 if ttft and ttft.count else 0.0,
+                level.throughput, level.requests, level.errors)  # fmt: skip
 
-    stages.begin("starting vllm serve (the peer) on the same preset")
+
+def side_by_side(
+    llm_address: str,
+    workload: Workload,
+    folder: Path,
+    quick: bool,
+    stages,
+    rounds: int = ROUNDS,
+    peer_args: tuple[str, ...] = (),
+) -> list[dict]:
+    """Start `vllm serve` on our LLM's preset beside it, alternate short sweeps of both, return the rows."""
+    folder.mkdir()
+    with grpc.insecure_channel(llm_address) as channel:
+        info = llm_pb2_grpc.TextGeneratorStub(channel).GetInfo(common_pb2.InfoRequest(), timeout=10)
+    command = [*peer_command(info.model.preset, port := free_port()), *peer_args]
+    stages.begin("starting vllm serve (the peer) on the same preset, beside our LLM service")
     base_url = f"http://127.0.0.1:{port}"
     peer_process = HttpProcess("vllm serve", command, folder / "vllm-serve.log", f"{base_url}/v1/models")
+    sides = {
+        "ours": ("llm", workload),
+        "peer": ("openai", dataclasses.replace(workload, endpoints=dataclasses.replace(workload.endpoints,
+                                                                                         openai=base_url))),
+    }  # fmt: skip
+    turns: list[Turn] = []
     try:
         peer_process.wait_ready(600)
-        stages.begin("sweep the peer: concurrency 1 and 16")
-        (folder / "vllm-serve").mkdir()
-        peer_workload = dataclasses.replace(
-            ours.workload, endpoints=dataclasses.replace(workload.endpoints, openai=base_url)
-        )
-        peer = run_sweep(_plan("openai", quick), peer_workload, folder / "vllm-serve",
-                         progress=lambda line: print(line, flush=True))  # fmt: skip
-        write_report(peer, folder / "vllm-serve")
+        stages.begin(f"side by side: {rounds} interleaved rounds at concurrency {', '.join(map(str, LEVELS))}")
+        for number in range(1, rounds + 1):
+            order = ("ours", "peer") if number % 2 else ("peer", "ours")
+            for concurrency in LEVELS:
+                for side in order:
+                    target, side_workload = sides[side]
+                    plan = SweepPlan(target, [concurrency], duration_s=4.0 if quick else 8.0,
+                                     warmup_s=1.0 if quick else 2.0, stop_early=False)  # fmt: skip
+                    out = folder / f"round{number}-c{concurrency}-{side}"
+                    out.mkdir()
+                    started = time.time()
+                    sweep = run_sweep(plan, side_workload, out, progress=lambda line: None)
+                    for level in sweep.levels:
+                        turns.append(_turn(side, number, level, started))
+                        print(f"  round {number}, C={concurrency}, {side}: TTFT p50 {turns[-1].ttft_p50_s * 1000:.0f}"
+                              f" ms, {level.throughput:.1f} tokens/s", flush=True)  # fmt: skip
     finally:
         peer_process.stop()
-    rows = compare(ours, peer)
-    print("\nside by side (same preset, same workload):")
+    rows = compare(turns)
+    (folder / "turns.json").write_text(json.dumps([dataclasses.asdict(t) for t in turns], indent=1), encoding="utf-8")
+    (folder / "comparison.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    print("\nside by side (same preset, same workload, interleaved rounds pooled):")
     for row in rows:
         print(f"  C={row['concurrency']:>2}: TTFT p50 ours {row['ours_ttft']} vs vllm serve {row['peer_ttft']}; "
               f"tokens/s ours {row['ours_tps']} vs vllm serve {row['peer_tps']} — {row['verdict']}")  # fmt: skip

@@ -28,6 +28,7 @@ class Process:
 
     def __init__(self, name: str, command: list[str], log: Path, env: dict[str, str] | None = None):
         self.name, self.log = name, log
+        self.started_at = time.time()  # wall clock, to tell which start-ups overlapped which probes
         with log.open("w") as out:
             self.proc = subprocess.Popen(
                 command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
@@ -62,6 +63,7 @@ class ServiceProcess(Process):
                    "--metrics-port", "0", *(args or [])]  # fmt: skip
         super().__init__(name, command, log)
         self.address = self.metrics_url = ""
+        self.serving_at = 0.0
 
     def wait_serving(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -81,6 +83,7 @@ class ServiceProcess(Process):
                 except grpc.RpcError:
                     status = None
                 if status == health_pb2.HealthCheckResponse.SERVING:
+                    self.serving_at = time.time()
                     return
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{self.name} not SERVING within {timeout_s:g} s (log: {self.log})")

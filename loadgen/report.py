@@ -95,6 +95,7 @@ def _facts(sweep) -> list[str]:
         ["measured read bandwidth", si(facts.memory_bandwidth_bytes_per_s, "B/s")],
         ["measured matmul peak", si(facts.peak_flops_per_s, "FLOP/s")],
         ["ridge", f"{facts.ridge_flops_per_byte:.3g} FLOP/byte"],
+        ["ceilings measured", facts.ceilings_note()],
         ["shape", ", ".join(f"{k}={v:g}" for k, v in facts.shape.items()) or "—"],
         ["limits", ", ".join(f"{k}={v:g}" for k, v in facts.limits.items()) or "—"],
     ]

@@ -8,6 +8,9 @@ concurrency level; `analysis` turns them into verdicts and predictions. Everythi
 from __future__ import annotations
 
 import dataclasses
+import time
+
+from voiceagent.serving.ceilings import QUIET_CORES
 
 
 @dataclasses.dataclass
@@ -86,6 +89,36 @@ class ServiceFacts:
     peak_flops_per_s: float
     shape: dict[str, float] = dataclasses.field(default_factory=dict)
     limits: dict[str, float] = dataclasses.field(default_factory=dict)
+    # How the ceilings were measured: when, by what probe, and the CPU cores other processes kept busy meanwhile
+    # (-1 = unknown). One probe per service; a combined target (the voice turn) keeps each part's.
+    ceilings_measured_at_unix_s: float = 0.0
+    ceilings_method: str = ""
+    ceilings_background_cores: float = -1.0
+
+    @property
+    def ceilings_quiet(self) -> bool:
+        return self.ceilings_background_cores < QUIET_CORES
+
+    def ceilings_note(self) -> str:
+        """When and how the ceilings were measured, in words, flagged when the probe ran under load."""
+        if not self.peak_flops_per_s:
+            return "not measured"
+        when = (
+            time.strftime("%H:%M:%S UTC", time.gmtime(self.ceilings_measured_at_unix_s))
+            if self.ceilings_measured_at_unix_s
+            else "at start-up"
+        )
+        load = self.ceilings_background_cores
+        if load < 0:
+            quiet = "background load unknown"
+        elif load < QUIET_CORES:
+            quiet = f"quiet machine ({load:.2f} CPU cores busy elsewhere)"
+        else:
+            quiet = (
+                f"**MEASURED UNDER LOAD**: {load:.2f} CPU cores busy elsewhere during the probe, so the ceilings "
+                "are too low and every utilisation and regime verdict derived from them is inflated"
+            )
+        return f"{when}, {self.ceilings_method or 'start-up probe'}; {quiet}"
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -107,4 +140,7 @@ class ServiceFacts:
             peak_flops_per_s=info.ceilings.peak_flops_per_s,
             shape=dict(info.model.shape),
             limits=dict(info.limits),
+            ceilings_measured_at_unix_s=info.ceilings.measured_at_unix_s,
+            ceilings_method=info.ceilings.method,
+            ceilings_background_cores=info.ceilings.background_cores if info.ceilings.method else -1.0,
         )

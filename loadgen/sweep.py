@@ -246,6 +246,8 @@ def run_sweep(plan: SweepPlan, workload: Workload, out_dir: Path, progress: Call
     cpu = _Cpu(runner.workers)
     levels: list[LevelResult] = []
     warnings: list[str] = []
+    if facts.peak_flops_per_s and not facts.ceilings_quiet:
+        warnings.append(f"{facts.service}'s device ceilings were measured under load: {facts.ceilings_note()}")
     try:
         for concurrency in plan.concurrency:
             sink.concurrency = concurrency

@@ -4,11 +4,16 @@ Every "bandwidth-bound vs compute-bound" verdict in this project is judged again
 they are measured on the machine the engine runs on, in the dtype it computes in, not taken from a data sheet.
 Bandwidth is read bandwidth (a reduction over a buffer far larger than the caches), because decode steps
 read weights; peak is the best of repeated square matmuls.
+
+A probe that shares the machine with other work (another service loading, a benchmark) under-measures both, and
+every utilisation derived from it comes out inflated. So the probe also records when it ran and how many CPU
+cores other processes kept busy meanwhile (`background_cores`); a report flags a probe above `QUIET_CORES`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import time
 
@@ -24,6 +29,14 @@ class DeviceCeilings:
     peak_flops_per_s: float
     probe_s: float
     threads: int = 0
+    measured_at_unix_s: float = 0.0  # when the probe ended
+    method: str = ""  # what was measured, in words
+    background_cores: float = -1.0  # CPU cores busy outside this process during the probe; -1 = unknown
+
+    @property
+    def quiet(self) -> bool:
+        """True when the probe ran on a quiet machine (or nothing says otherwise)."""
+        return self.background_cores < QUIET_CORES
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -40,9 +53,15 @@ class DeviceCeilings:
             ridge_flops_per_byte=self.ridge_flops_per_byte,
             probe_s=self.probe_s,
             threads=self.threads,
+            measured_at_unix_s=self.measured_at_unix_s,
+            method=self.method,
+            background_cores=self.background_cores,
         )
 
 
+# Other processes keeping more than a quarter of a core busy during the probe count as load: an idle machine
+# measures 0.0-0.1 here, another service loading its engine one core or more.
+QUIET_CORES = 0.25
 UNMEASURED = DeviceCeilings("unmeasured", "", "", 0.0, 0.0, 0.0)
 
 
@@ -55,6 +74,34 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+class BackgroundCpu:
+    """CPU cores kept busy by every process but this one between `__init__` and `cores()` (Linux /proc/stat
+    minus this process's own CPU time); -1 where /proc/stat cannot be read."""
+
+    def __init__(self):
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as stat:
+                fields = [float(value) for value in stat.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        # user nice system idle iowait irq softirq steal ...: busy is all but idle and iowait
+        busy_s = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+        own = os.times()
+        return time.monotonic(), busy_s, own.user + own.system
+
+    def cores(self) -> float:
+        end = self._read()
+        if self._start is None or end is None or end[0] <= self._start[0]:
+            return -1.0
+        wall = end[0] - self._start[0]
+        busy, own = end[1] - self._start[1], end[2] - self._start[2]
+        return max(0.0, (busy - own) / wall)
 
 
 def _best_time(run, sync, repeats: int, budget_s: float) -> float:
@@ -78,6 +125,7 @@ def measure_ceilings(device: str = "cpu", dtype: str = "float32", budget_s: floa
     import torch
 
     started = time.perf_counter()
+    background = BackgroundCpu()
     torch_dtype = getattr(torch, dtype)
     on_cuda = device.startswith("cuda")
     if on_cuda:
@@ -108,4 +156,10 @@ def measure_ceilings(device: str = "cpu", dtype: str = "float32", budget_s: floa
         peak_flops_per_s=peak,
         probe_s=time.perf_counter() - started,
         threads=threads,
+        measured_at_unix_s=time.time(),
+        method=(
+            f"start-up probe: best read of a {buffer_bytes >> 20} MiB float32 buffer, best {n}x{n} {dtype} matmul"
+            + (f", {threads} thread(s)" if threads else "")
+        ),
+        background_cores=background.cores(),
     )

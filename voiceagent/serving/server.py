@@ -88,12 +88,14 @@ class Server:
             self.ceilings = await asyncio.to_thread(measure_ceilings, self.config.device, self.service.dtype)
             self.metrics.set_ceilings(self.ceilings)
             log.info(
-                "%s ceilings: %.1f GB/s read, %.1f GFLOP/s %s (ridge %.1f FLOP/byte)",
+                "%s ceilings: %.1f GB/s read, %.1f GFLOP/s %s (ridge %.1f FLOP/byte); %.2f CPU cores busy elsewhere%s",
                 self.ceilings.device_name,
                 self.ceilings.memory_bandwidth_bytes_per_s / 1e9,
                 self.ceilings.peak_flops_per_s / 1e9,
                 self.ceilings.dtype,
                 self.ceilings.ridge_flops_per_byte,
+                self.ceilings.background_cores,
+                "" if self.ceilings.quiet else ": MEASURED UNDER LOAD, ceilings too low",
             )
         await self.service.start(self.ceilings)
         # The engines (torch, NeMo, vLLM, VoxCPM) leave millions of long-lived objects; every full collection
