@@ -18,7 +18,7 @@ from loadgen.analysis.formats import si
 from loadgen.analysis.plan import plan_section
 from loadgen.levels import PRIMARY_LATENCY
 from loadgen.peer import side_by_side
-from loadgen.processes import ServiceProcess
+from loadgen.processes import ServiceProcess, service_process
 from loadgen.report import markdown_table, run_folder, write_html, write_report
 from loadgen.sweep import SweepPlan, run_sweep
 from loadgen.workload import Endpoints, Lengths, Workload
@@ -82,7 +82,7 @@ def start_services(folder: Path, presets: dict[str, str], services: dict[str, Se
     One at a time, each probe has the machine to itself; the services already up are idle."""
     for name, preset in presets.items():
         args = ["--preset", preset] if preset else []
-        services[name] = ServiceProcess(name, folder / f"{name}.log", args)
+        services[name] = service_process(name, folder / f"{name}.log", args)
         services[name].wait_serving(SERVING_TIMEOUT_S)
         print(f"{name}: SERVING on {services[name].address} (metrics {services[name].metrics_url}) after "
               f"{services[name].serving_at - services[name].started_at:.0f} s", flush=True)  # fmt: skip

@@ -21,7 +21,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.asr.benchmark import EngineDirect, clip_seconds, service_rtf, start_asr_service
-from tests.harness import child_processes, proc_stat
+from voiceagent.serving.launcher import child_processes, proc_stat
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

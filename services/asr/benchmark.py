@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import grpc
 import numpy as np
 
-from tests.harness import start_service, venv_python
+from voiceagent.serving.launcher import start_service, venv_python
 from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
 
 CHUNK_MS = (80, 160, 320, 560, 1120)

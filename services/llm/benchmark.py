@@ -21,7 +21,7 @@ import time
 import grpc
 
 from services.llm.config import LlmConfig
-from tests.harness import start_service, venv_python
+from voiceagent.serving.launcher import start_service, venv_python
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 TOKEN_TS_TARGET = 0.97

@@ -29,7 +29,7 @@ import grpc
 
 from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
 from services.tts.config import TTSConfig
-from tests.harness import running_service, venv_python
+from voiceagent.serving.launcher import running_service, venv_python
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
 TEXT = "Streaming speech starts before the sentence ends."

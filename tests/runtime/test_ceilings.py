@@ -37,4 +37,3 @@ def test_probe_records_when_and_how_and_flags_a_busy_machine():
         spinner.kill()
         spinner.wait()
     assert busy.background_cores >= 0.4 and not busy.quiet, busy
-    assert busy.background_cores > quiet.background_cores + 0.3
