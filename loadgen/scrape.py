@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import urllib.request
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.results import ServerCounters, ServiceFacts
+from voiceagent.serving.launcher import read_metrics
 from voiceagent.v1 import asr_pb2_grpc, common_pb2, llm_pb2_grpc, tts_pb2_grpc
 
 _STUBS = {
@@ -16,6 +15,7 @@ _STUBS = {
     "llm": llm_pb2_grpc.TextGeneratorStub,
     "tts": tts_pb2_grpc.SpeechSynthesizerStub,
 }
+scrape = read_metrics  # every sample of a Prometheus endpoint, by name with its labels
 # Counter families every service exports (voiceagent/serving/metrics.py), by ServerCounters field.
 _WORK = {"flops_per_s": "model_flops", "read_bytes_per_s": "model_read_bytes", "steps_per_s": "engine_steps"}
 
@@ -40,19 +40,6 @@ def combined_facts(name: str, parts: list[ServiceFacts]) -> ServiceFacts:
         shape={f"{part.service}.{key}": value for part in parts for key, value in part.shape.items()},
         limits={f"{part.service}.{key}": value for part in parts for key, value in part.limits.items()},
     )
-
-
-def scrape(url: str, timeout_s: float = 10) -> dict[str, float]:
-    """Every sample of a Prometheus text endpoint, by name with its labels (`name{a="b"}`), summed over duplicates."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        text = response.read().decode()
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{key}="{value}"' for key, value in sorted(sample.labels.items()))
-            key = f"{sample.name}{{{labels}}}" if labels else sample.name
-            samples[key] = samples.get(key, 0.0) + sample.value
-    return samples
 
 
 def counters(service: str, before: dict[str, float], after: dict[str, float], duration_s: float) -> ServerCounters:
