@@ -8,6 +8,7 @@ The prompt (or the last chat message) picks the behaviour:
   "hang up"     stream one chunk, then drop the connection
   "error event" stream one chunk, then an error event (as vLLM sends errors after the stream started)
   "whoami"      stream the request's Authorization header back
+  token ids     stream max_tokens one-token chunks, TOKEN_PACE_S apart (what the load generator sends)
   anything else stream "ok" and finish
 
     python -m tests.llm.upstream_server [--certfile CERT --keyfile KEY]   # prints "listening on HOST:PORT"
@@ -24,6 +25,7 @@ from aiohttp import web
 
 MODEL = "fake-upstream"
 PACE_S = 0.3
+TOKEN_PACE_S = 0.005
 
 
 def event(payload: dict) -> bytes:
@@ -42,7 +44,8 @@ async def models(request: web.Request) -> web.Response:
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     prompt = body.get("prompt") or body["messages"][-1]["content"]
-    prompt = prompt if isinstance(prompt, str) else ""
+    if not isinstance(prompt, str):
+        return await stream_tokens(request, body["max_tokens"])
     if prompt.startswith("status "):
         status = int(prompt.split()[1])
         error = {"message": f"synthetic failure {status} for this request", "type": "TestError", "code": status}
@@ -69,6 +72,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
         await response.write(chunk(word, [index + 1]))
     await response.write(chunk("", [], finish="length"))
     usage = {"prompt_tokens": 5, "completion_tokens": len(words), "total_tokens": 5 + len(words)}
+    await response.write(event({"choices": [], "usage": usage}))
+    await response.write(b"data: [DONE]\n\n")
+    return response
+
+
+async def stream_tokens(request: web.Request, count: int) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for index in range(count):
+        await asyncio.sleep(TOKEN_PACE_S)
+        await response.write(chunk(" ok", [index + 1], finish="length" if index == count - 1 else None))
+    usage = {"prompt_tokens": 5, "completion_tokens": count, "total_tokens": 5 + count}
     await response.write(event({"choices": [], "usage": usage}))
     await response.write(b"data: [DONE]\n\n")
     return response
