@@ -199,7 +199,11 @@ class OpenAICompatibleGenerator:
                 status_for(response.status_code),
                 f"upstream {self.base_url}/models: HTTP {response.status_code}: {error_message(response.content)}",
             )
-        listed = {card.get("id"): card for card in response.json().get("data", []) if isinstance(card, dict)}
+        try:
+            cards = response.json().get("data") or []
+        except (ValueError, AttributeError):  # not JSON, or not an object
+            raise EngineFailure("UNAVAILABLE", f"upstream {self.base_url}/models: not an OpenAI model list") from None
+        listed = {card.get("id"): card for card in cards if isinstance(card, dict)}
         if not self.model:
             if not listed:
                 raise EngineFailure("UNAVAILABLE", f"upstream {self.base_url} lists no models")
