@@ -20,6 +20,7 @@ REGIME_COLOURS = {
     "compute-bound": "#ff7f0e",
     "queueing": "#d62728",
     "unknown": "#bcbd22",  # no counters and no step model (a peer server)
+    "remote: not classified": "#17becf",  # an engine on another server (the LLM's openai backend)
 }
 
 

@@ -53,7 +53,7 @@ def _analyse(sweep) -> tuple[SweepAnalysis | None, str]:
     """The analysis, or why there is none (a peer without ceilings, an analysis error), in words."""
     if not sweep.levels:
         return None, "no level completed"
-    if not sweep.facts.peak_flops_per_s:
+    if not sweep.facts.peak_flops_per_s and not sweep.facts.remote:  # a remote engine: the knee, no regimes
         return None, "the target reported no device ceilings (a peer without our info RPC)"
     try:
         # The whole workload: its means, the ASR chunk size and the TTS diffusion steps all enter the predictions.
@@ -77,8 +77,8 @@ def _glance(sweep, analysis: SweepAnalysis | None) -> list[str]:
             f"{level.throughput:.4g}",
             f"{level.per_request_speed:.3g}",
             f"{latency.p50 * 1000:.0f} / {latency.p95 * 1000:.0f} ms" if latency and latency.count else "—",
-            f"{verdict.bandwidth_utilisation:.0%}" if verdict else "—",
-            f"{verdict.flop_utilisation:.0%}" if verdict else "—",
+            f"{verdict.bandwidth_utilisation:.0%}" if verdict and not sweep.facts.remote else "—",
+            f"{verdict.flop_utilisation:.0%}" if verdict and not sweep.facts.remote else "—",
             "" if level.realtime_ok is None else ("yes" if level.realtime_ok else "**NO**"),
             str(level.errors),
             "; ".join(filter(None, [verdict.artefact if verdict else "", level.stopped_early])),

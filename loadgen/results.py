@@ -124,6 +124,11 @@ class ServiceFacts:
     def ridge_flops_per_byte(self) -> float:
         return self.peak_flops_per_s / self.memory_bandwidth_bytes_per_s if self.memory_bandwidth_bytes_per_s else 0.0
 
+    @property
+    def remote(self) -> bool:
+        """The service relays to an engine elsewhere (the LLM's openai backend): its device is not known."""
+        return self.device == "remote"
+
     @classmethod
     def from_info(cls, info) -> ServiceFacts:
         """From a voiceagent.v1.InfoResponse."""

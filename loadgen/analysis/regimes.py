@@ -18,6 +18,7 @@ KNEE_SCALING = 0.25  # past the knee no later level gains ≥ 25% of the ideal p
 ARTEFACT_CEILING = 1.0  # above a measured ceiling cannot be real ...
 PROBE_NOISE = 1.10  # ... though up to 10% above it is most likely noise of the ceiling probe
 CACHE_RESIDENT_BYTES = 64 << 20  # CPU weights this small can live in the last-level cache
+REMOTE = "remote: not classified"
 
 # Latencies whose growth shows queueing, most telling first, per target (the first one a level has is used).
 QUEUE_LATENCIES = {
@@ -45,6 +46,8 @@ RULES = [
     "each step, so launch, Python, scheduling or gRPC overhead sets the pace.",
     "unknown: not queueing, and the target reported no work counters and has no step model or ceilings (a peer "
     "server): nothing says how busy the device was.",
+    f"{REMOTE}: the service relays to an engine on another server (GetInfo device 'remote'), whose device, weights "
+    "and ceilings it cannot know: no regime is claimed; throughput, latencies and the knee are still measured.",
     f"Knee: the first level after which no higher level gains ≥ {KNEE_SCALING:.0%} of the proportional throughput "
     "gain (T_j < T_k·(1 + 0.25·(C_j/C_k − 1)) for every j > k): where doubling concurrency stops paying.",
     "Artefact: a level whose achieved bytes/s or FLOP/s exceeds the measured ceiling, or whose measured throughput "
@@ -112,6 +115,12 @@ def label(
 
     `measured` is False when neither work counters nor a step model exist: only queueing can be told then.
     """
+    if facts.remote:
+        queueing = queueing_reason(level, previous, target)
+        return REMOTE, [
+            "the engine is remote: its device, weights and ceilings are unknown here",
+            *([f"latency suggests queueing: {queueing}"] if queueing else []),
+        ]
     bandwidth, flops = utilisation
     ridge = facts.ridge_flops_per_byte
     # = achieved FLOP/s ÷ achieved bytes/s; FLOPs with no bytes counted sit far right of the ridge.

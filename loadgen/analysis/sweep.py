@@ -19,6 +19,7 @@ from loadgen.results import LevelResult, ServiceFacts
 class LevelVerdict:
     concurrency: int
     regime: str  # "overhead-bound" | "bandwidth-bound" | "compute-bound" | "queueing" | "unknown" (nothing measured)
+    # | "remote: not classified" (an engine on another server)
     reasons: list[str]
     artefact: str  # "" when the level's figures are physically possible
     bandwidth_utilisation: float
@@ -183,7 +184,9 @@ def analyse(
         workload = workload_hints(workload)
     levels = sorted(levels, key=lambda level: level.concurrency)
     work, no_model = None, "it spans several services: see each service's own sweep"
-    if target in STEP_MODELS:
+    if facts.remote:
+        no_model = "the engine is remote, its weights, shape and device unknown here"
+    elif target in STEP_MODELS:
         try:
             work = step_work(target, facts, levels, workload)
         except ValueError as missing:  # e.g. a peer server with no GetInfo: verdicts from latency alone

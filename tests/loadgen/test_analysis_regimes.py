@@ -117,6 +117,24 @@ def test_a_peer_without_facts_or_counters_is_judged_on_queueing_only():
     assert "No roofline prediction" in render_markdown(analysis)
 
 
+def test_a_remote_engine_is_not_classified_but_its_knee_is_still_found():
+    # The LLM service on its openai backend: GetInfo says device "remote", no weights, shape or ceilings.
+    remote = facts(parameter_count=0, weight_bytes=0, bandwidth=0.0, peak=0.0, shape={}, device="remote")
+    throughput, ttft = [100, 200, 390, 420, 430], [0.05, 0.05, 0.06, 0.11, 0.22]
+    levels = [
+        level(c, t, latency={"ttft_s": pct(lat)}) for c, t, lat in zip([1, 2, 4, 8, 16], throughput, ttft, strict=True)
+    ]
+    analysis = analyse(remote, levels, "llm", {"prompt_tokens": 64, "output_tokens": 64})
+    assert regimes(analysis) == ["remote: not classified"] * 5
+    assert "remote" in analysis.levels[0].reasons[0]
+    assert "queueing" in analysis.levels[-1].reasons[-1], "latency growth is still reported, as a reason"
+    assert analysis.knee_concurrency == 4 and analysis.work is None
+    assert all(v.predicted is None and v.utilisation_source == "none" for v in analysis.levels)
+    rendered = render_markdown(analysis)
+    assert "remote: not classified" in rendered and "the engine is remote" in rendered
+    json.dumps(analysis.to_dict())
+
+
 def test_voice_turn_is_judged_on_the_shared_device_counters():
     voice = facts("voice", shape={})
     levels = [level(c, c * 0.5, latency={"voice_to_voice_s": pct(0.8)}, bandwidth_util=0.7) for c in (1, 2)]
