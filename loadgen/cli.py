@@ -135,9 +135,9 @@ def sweep_command(args: argparse.Namespace) -> int:
 
 
 def compare_command(args: argparse.Namespace) -> int:
+    from loadgen.main_job import Stages
     from loadgen.peer import side_by_side
     from loadgen.report import run_folder
-    from loadgen.session import Stages
 
     workload = workload_from(args)
     folder = run_folder(args.reports, "compare")
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         from loadgen.worker import run_worker
 
         return run_worker(args.target, args.master_host, args.master_port, workload_from(args))
-    from loadgen.session import run_session
+    from loadgen.main_job import run_session
 
     return run_session(args.reports, quick=args.quick, peer=args.peer, preset=args.preset, presets=args.presets)
 

@@ -19,7 +19,7 @@ import markdown
 
 from loadgen import plots
 from loadgen.analysis import SweepAnalysis, analyse, render_markdown
-from loadgen.analysis.formats import si
+from loadgen.analysis.formats import markdown_table, si
 from loadgen.levels import PRIMARY_LATENCY, SPEED_UNIT
 from loadgen.results import LevelResult
 
@@ -33,11 +33,6 @@ def run_folder(root: Path, name: str) -> Path:
     folder = root / f"{stamp}-{name}"
     folder.mkdir(parents=True, exist_ok=False)
     return folder
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
 
 
 def write_html(md_text: str, path: Path, title: str) -> None:

@@ -7,6 +7,7 @@ The sweep runner calls `analyse(facts, levels, target)` and embeds `render_markd
 
 from loadgen.analysis.predict import Prediction
 from loadgen.analysis.render import render_markdown
-from loadgen.analysis.sweep import LevelVerdict, SweepAnalysis, analyse
+from loadgen.analysis.sweep_analysis import analyse
+from loadgen.analysis.verdicts import LevelVerdict, SweepAnalysis
 
 __all__ = ["LevelVerdict", "Prediction", "SweepAnalysis", "analyse", "render_markdown"]

@@ -25,3 +25,9 @@ def rate(value: float, unit: str) -> str:
 def share(value: float) -> str:
     """A percentage that still tells 0.4% from 0%."""
     return f"{value:.0%}" if value >= 0.01 or value == 0 else f"{value:.1%}" if value >= 0.001 else "< 0.1%"
+
+
+def markdown_table(header: list[str], rows: list[list]) -> list[str]:
+    """A Markdown table's lines; `|` inside a cell is escaped."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]

@@ -19,13 +19,13 @@ down is stepped down. The bottleneck is the service that needs the most replicas
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from loadgen.analysis.plan_model import CapacityPlan, MeasuredVariant, Objectives, ServicePlan, Sessions
 from loadgen.analysis.plan_render import render_plan
 from loadgen.analysis.plan_variants import predicted_variants
 from loadgen.analysis.recorded import RecordedSweep, read_sweeps
@@ -33,82 +33,6 @@ from loadgen.analysis.recorded import RecordedSweep, read_sweeps
 PLANNED = ("asr", "llm", "tts")
 OBJECTIVE_LATENCY = {"asr": "final_latency_s", "llm": "ttft_s", "tts": "first_audio_s"}
 VOICE_LATENCY = "voice_to_voice_s"
-
-
-@dataclasses.dataclass(frozen=True)
-class Objectives:
-    voice_to_voice_p95_s: float = 1.5
-    asr_final_p95_s: float = 0.5
-    llm_ttft_p95_s: float = 0.5
-    tts_first_audio_p95_s: float = 0.5
-    no_underruns: bool = True
-
-    def latency_p95_s(self, target: str) -> float:
-        return {"asr": self.asr_final_p95_s, "llm": self.llm_ttft_p95_s, "tts": self.tts_first_audio_p95_s}[target]
-
-
-@dataclasses.dataclass(frozen=True)
-class Sessions:
-    sessions: int
-    speaking_share: float = 0.4  # of a session's time the user speaks (an ASR stream is open)
-    listening_share: float = 0.4  # of a session's time the agent speaks (TTS audio plays)
-    tokens_per_audio_s: float = 3.0  # LLM tokens per second of reply speech (~150 words/min × 1.2 tokens/word)
-
-    def __post_init__(self) -> None:
-        if self.sessions < 1:
-            raise ValueError(f"sessions: must be ≥ 1, got {self.sessions}")
-        for name in ("speaking_share", "listening_share"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name}: must be within [0, 1], got {getattr(self, name)}")
-        if self.speaking_share + self.listening_share > 1:
-            raise ValueError("speaking_share + listening_share: must not exceed 1 (one party speaks at a time)")
-
-    def demand(self, target: str) -> tuple[float, str]:
-        if target == "asr":
-            return self.sessions * self.speaking_share, "streams"
-        if target == "llm":
-            return self.sessions * self.listening_share * self.tokens_per_audio_s, "tokens/s"
-        return self.sessions * self.listening_share, "audio s/s"
-
-
-@dataclasses.dataclass
-class ServicePlan:
-    target: str
-    variant: str
-    source: str
-    demand: float
-    unit: str
-    measured_concurrency: list[int]
-    operating_concurrency: int | None  # per replica; None when no measured level met the objectives
-    capacity_per_replica: float | None
-    replicas: int | None
-    headroom: float | None
-    latency_p95_s: float | None  # the objective latency's p95 at the operating point
-    limited_by: str  # why the operating point is not higher
-
-    @property
-    def need(self) -> float:
-        """Replicas needed, unrounded: how much of the fleet this service takes."""
-        return self.demand / self.capacity_per_replica if self.capacity_per_replica else math.inf
-
-
-@dataclasses.dataclass
-class CapacityPlan:
-    sessions: Sessions
-    objectives: Objectives
-    services: list[ServicePlan]
-    bottleneck: str | None
-    voice_to_voice_p95_s: float | None
-    meets_objectives: bool
-    voice_measured: str
-    variants: list[dict]
-    predicted_variants: list[dict]
-    assumptions: list[str]
-    warnings: list[str]
-    missing: list[str]
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def _failure(level, target: str, objectives: Objectives) -> str:
@@ -304,18 +228,18 @@ def plan(
             plans, option_v2v, option_meets = _solve({**chosen, target: option}, sessions, objectives)
             mine = next(p for p in plans if p.target == target)
             variants.append(
-                {
-                    "service": target,
-                    "variant": option.variant,
-                    "operating_concurrency": mine.operating_concurrency,
-                    "capacity_per_replica": mine.capacity_per_replica,
-                    "unit": mine.unit,
-                    "replicas": mine.replicas,
-                    "total_replicas": sum(p.replicas or 0 for p in plans),
-                    "bottleneck": _bottleneck(plans),
-                    "voice_to_voice_p95_s": option_v2v,
-                    "meets_objectives": option_meets,
-                }
+                MeasuredVariant(
+                    service=target,
+                    variant=option.variant,
+                    operating_concurrency=mine.operating_concurrency,
+                    capacity_per_replica=mine.capacity_per_replica,
+                    unit=mine.unit,
+                    replicas=mine.replicas,
+                    total_replicas=sum(p.replicas or 0 for p in plans),
+                    bottleneck=_bottleneck(plans),
+                    voice_to_voice_p95_s=option_v2v,
+                    meets_objectives=option_meets,
+                )
             )
     return CapacityPlan(
         sessions=sessions,

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from loadgen.analysis.render import markdown_table
-
-if TYPE_CHECKING:
-    from loadgen.analysis.plan import CapacityPlan
+from loadgen.analysis.formats import markdown_table
+from loadgen.analysis.plan_model import CapacityPlan
 
 
 def _number(value: float | None, digits: int = 3) -> str:
@@ -81,15 +77,15 @@ def render_plan(plan: CapacityPlan) -> str:
             + ["voice-to-voice p95", "objectives met"],
             [
                 [
-                    v["service"],
-                    v["variant"],
-                    f"C={v['operating_concurrency']}" if v["operating_concurrency"] is not None else "none",
-                    f"{_number(v['capacity_per_replica'])} {v['unit']}" if v["capacity_per_replica"] else "—",
-                    str(v["replicas"] or "—"),
-                    str(v["total_replicas"]),
-                    v["bottleneck"] or "—",
-                    _seconds(v["voice_to_voice_p95_s"]),
-                    "yes" if v["meets_objectives"] else "no",
+                    v.service,
+                    v.variant,
+                    f"C={v.operating_concurrency}" if v.operating_concurrency is not None else "none",
+                    f"{_number(v.capacity_per_replica)} {v.unit}" if v.capacity_per_replica else "—",
+                    str(v.replicas or "—"),
+                    str(v.total_replicas),
+                    v.bottleneck or "—",
+                    _seconds(v.voice_to_voice_p95_s),
+                    "yes" if v.meets_objectives else "no",
                 ]
                 for v in plan.variants
             ],
@@ -109,17 +105,17 @@ def render_plan(plan: CapacityPlan) -> str:
             + ["replicas (bound / estimate)"],
             [
                 [
-                    v["service"],
-                    v["setting"],
-                    f"{_number(v.get('predicted_capacity_per_replica'))} {v.get('unit', '')}".strip(),
-                    _number(v.get("estimated_capacity_per_replica")),
-                    v.get("estimate_basis", "—"),
-                    f"{v.get('replicas_at_bound') or '—'} / {v.get('replicas_at_estimate') or '—'}",
+                    v.service,
+                    v.setting,
+                    f"{_number(v.predicted_capacity_per_replica)} {v.unit}".strip(),
+                    _number(v.estimated_capacity_per_replica),
+                    v.estimate_basis,
+                    f"{v.replicas_at_bound or '—'} / {v.replicas_at_estimate or '—'}",
                 ]
                 for v in plan.predicted_variants
             ],
         )
-        notes = {v["note"] for v in plan.predicted_variants if v["setting"] == "—"}
+        notes = {v.note for v in plan.predicted_variants if v.setting == "—"}
         lines += [*(f"- {note}" for note in sorted(notes)), ""]
     lines += ["### Assumptions", "", *[f"- {a}" for a in plan.assumptions], ""]
     if plan.warnings or plan.missing:

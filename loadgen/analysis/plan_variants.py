@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from loadgen.analysis.plan_model import PredictedVariant, Sessions
 from loadgen.analysis.predict import STEP_LATENCY, realtime_streams, step_bound
 from loadgen.analysis.recorded import workload_hints
 from loadgen.analysis.work import StepWork, asr_step_work, tts_step_work
 
 if TYPE_CHECKING:
-    from loadgen.analysis.plan import Sessions
     from loadgen.analysis.recorded import RecordedSweep
 
 ASR_CHUNKS_MS = (80, 160, 320, 560, 1120)  # right context 0, 1, 3, 6, 13 encoder frames
@@ -61,25 +61,25 @@ def overhead_fit(sweep: RecordedSweep, work: StepWork) -> tuple[float, float] | 
 
 def _row(
     target: str, setting: str, bound: float | None, estimate: float | None, unit: str, demand: float, basis: str
-) -> dict:
-    return {
-        "service": target,
-        "setting": setting,
-        "predicted_capacity_per_replica": bound,
-        "estimated_capacity_per_replica": estimate,
-        "unit": unit,
-        "estimate_basis": basis,
-        "replicas_at_bound": _replicas(demand, bound),
-        "replicas_at_estimate": _replicas(demand, estimate),
-        "note": "predicted, not measured",
-    }
+) -> PredictedVariant:
+    return PredictedVariant(
+        service=target,
+        setting=setting,
+        note="predicted, not measured",
+        predicted_capacity_per_replica=bound,
+        estimated_capacity_per_replica=estimate,
+        unit=unit,
+        estimate_basis=basis,
+        replicas_at_bound=_replicas(demand, bound),
+        replicas_at_estimate=_replicas(demand, estimate),
+    )
 
 
-def _asr_rows(sweep: RecordedSweep, sessions: Sessions) -> list[dict]:
+def _asr_rows(sweep: RecordedSweep, sessions: Sessions) -> list[PredictedVariant]:
     facts, demand = sweep.facts, sessions.demand("asr")[0]
     baseline = asr_step_work(facts, sweep.levels, workload_hints(sweep.workload))
     if baseline.source != "shape":
-        return [{"service": "asr", "setting": "—", "note": "model size unknown: no prediction per chunk size"}]
+        return [PredictedVariant("asr", "—", "model size unknown: no prediction per chunk size")]
     fit = overhead_fit(sweep, baseline)
     limit = baseline.max_batch or math.inf
     rows = []
@@ -92,13 +92,11 @@ def _asr_rows(sweep: RecordedSweep, sessions: Sessions) -> list[dict]:
     return rows
 
 
-def _tts_rows(sweep: RecordedSweep, sessions: Sessions) -> list[dict]:
+def _tts_rows(sweep: RecordedSweep, sessions: Sessions) -> list[PredictedVariant]:
     facts, demand = sweep.facts, sessions.demand("tts")[0]
     baseline = tts_step_work(facts, [], workload_hints(sweep.workload))
     if baseline.source != "shape" or "step_flops" in facts.shape:
-        return [
-            {"service": "tts", "setting": "—", "note": "no DiT size in the shape: no prediction per diffusion steps"}
-        ]
+        return [PredictedVariant("tts", "—", "no DiT size in the shape: no prediction per diffusion steps")]
     measured = _measured_step(sweep, baseline)
     efficiency = measured[1] / measured[0] if measured and measured[0] else None
     rows = []
@@ -113,7 +111,7 @@ def _tts_rows(sweep: RecordedSweep, sessions: Sessions) -> list[dict]:
     return rows
 
 
-def predicted_variants(chosen: dict[str, RecordedSweep], sessions: Sessions) -> list[dict]:
+def predicted_variants(chosen: dict[str, RecordedSweep], sessions: Sessions) -> list[PredictedVariant]:
     rows = []
     if "asr" in chosen:
         rows += _asr_rows(chosen["asr"], sessions)

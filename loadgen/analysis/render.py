@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from loadgen.analysis.formats import rate, seconds, share, si
-from loadgen.analysis.sweep import SweepAnalysis
+from loadgen.analysis.formats import markdown_table, rate, seconds, share, si
+from loadgen.analysis.verdicts import SweepAnalysis
 
 FORMULAS = {
     "tokens": [
@@ -30,11 +30,6 @@ FORMULAS = {
         "time; RTF = time per patch ÷ 0.16 s; real-time streams = ⌊0.16 s ÷ single-stream time per patch⌋",
     ],
 }
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
 
 
 def render_predictions(analysis: SweepAnalysis) -> str:

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from loadgen.analysis.formats import rate, seconds, si
 from loadgen.analysis.predict import realtime_streams
 from loadgen.analysis.regimes import ARTEFACT_CEILING
+from loadgen.analysis.verdicts import LevelVerdict, SweepAnalysis
 from loadgen.results import LevelResult, ServiceFacts
-
-if TYPE_CHECKING:
-    from loadgen.analysis.sweep import LevelVerdict, SweepAnalysis
 
 
 def _row(component: str, what: str, predicted: str, measured: str, agreement: str) -> dict[str, str]:

@@ -134,23 +134,23 @@ def test_asr_chunk_variants_change_the_answer(tmp_path):
     sweeps = write(tmp_path, asr_sweep(), small_chunks, llm_sweep(), tts_sweep())
     result = plan(sweeps, SESSIONS, Objectives(), prefer={"asr": "chunk 160 ms"})
     assert by_target(result)["asr"].variant == "chunk 160 ms" and by_target(result)["asr"].replicas == 3
-    rows = {row["variant"]: row for row in result.variants if row["service"] == "asr"}
-    assert rows["chunk 320 ms"]["replicas"] == 2 and rows["chunk 160 ms"]["replicas"] == 3
-    assert rows["chunk 320 ms"]["total_replicas"] == 2 + 1 + 12
+    rows = {row.variant: row for row in result.variants if row.service == "asr"}
+    assert rows["chunk 320 ms"].replicas == 2 and rows["chunk 160 ms"].replicas == 3
+    assert rows["chunk 320 ms"].total_replicas == 2 + 1 + 12
     assert any("TTS diffusion steps: only 10 diffusion steps measured" in line for line in result.missing)
-    predicted = [row for row in result.predicted_variants if row["service"] == "asr"]
-    assert [row["setting"] for row in predicted] == ["chunk 80 ms", "chunk 160 ms", "chunk 320 ms"] + [
+    predicted = [row for row in result.predicted_variants if row.service == "asr"]
+    assert [row.setting for row in predicted] == ["chunk 80 ms", "chunk 160 ms", "chunk 320 ms"] + [
         "chunk 560 ms",
         "chunk 1120 ms",
     ]
-    streams = [row["predicted_capacity_per_replica"] for row in predicted]
+    streams = [row.predicted_capacity_per_replica for row in predicted]
     # Compute-bound cache-aware encoding computes each 80 ms frame once whatever the chunk, so the roofline bound
     # barely moves (395 streams at 320 ms, as in the prediction test); measured gaps come from per-step overhead.
     assert streams[2] == 395 and max(streams) - min(streams) <= 1
-    tts_steps = {row["setting"]: row for row in result.predicted_variants if row["service"] == "tts"}
+    tts_steps = {row.setting: row for row in result.predicted_variants if row.service == "tts"}
     # As in the prediction test: 10 steps take 40.4 ms per patch, 4 steps 14 ms (bytes and FLOPs alike)
-    assert tts_steps["10 diffusion steps"]["predicted_capacity_per_replica"] == pytest.approx(0.16 / 0.0404)
-    assert tts_steps["4 diffusion steps"]["predicted_capacity_per_replica"] == pytest.approx(0.16 / 0.014)
+    assert tts_steps["10 diffusion steps"].predicted_capacity_per_replica == pytest.approx(0.16 / 0.0404)
+    assert tts_steps["4 diffusion steps"].predicted_capacity_per_replica == pytest.approx(0.16 / 0.014)
 
 
 def test_asr_chunk_prediction_charges_the_measured_overhead_per_step(tmp_path):
@@ -159,14 +159,14 @@ def test_asr_chunk_prediction_charges_the_measured_overhead_per_step(tmp_path):
     # a measured chunk latency 20 ms above it is the fixed cost each step pays.
     sweep["levels"][0].latency["chunk_latency_s"] = pct(0.0264786432)
     result = plan(write(tmp_path, sweep, llm_sweep(), tts_sweep()), SESSIONS, Objectives())
-    rows = {row["setting"]: row for row in result.predicted_variants if row["service"] == "asr"}
+    rows = {row.setting: row for row in result.predicted_variants if row.service == "asr"}
     # 80 ms: (80 − 20) ms × 100 GFLOP/s ÷ (2·10 M + 4·4·256·57) FLOPs = 296.5 streams (bound without it: 395)
-    assert rows["chunk 80 ms"]["estimated_capacity_per_replica"] == 296
-    assert rows["chunk 80 ms"]["predicted_capacity_per_replica"] == 395
+    assert rows["chunk 80 ms"].estimated_capacity_per_replica == 296
+    assert rows["chunk 80 ms"].predicted_capacity_per_replica == 395
     # 1120 ms: 1100 ms × 100 GFLOP/s ÷ (2·10 M·14 + 4·4·256·70·14) FLOPs = 387.3 streams
-    assert rows["chunk 1120 ms"]["estimated_capacity_per_replica"] == 387
-    assert rows["chunk 80 ms"]["replicas_at_estimate"] == 1
-    assert "overhead 20 ms + 0 ms/stream per step, fitted" in rows["chunk 80 ms"]["estimate_basis"]
+    assert rows["chunk 1120 ms"].estimated_capacity_per_replica == 387
+    assert rows["chunk 80 ms"].replicas_at_estimate == 1
+    assert "overhead 20 ms + 0 ms/stream per step, fitted" in rows["chunk 80 ms"].estimate_basis
 
 
 def test_asr_chunk_prediction_fits_overhead_per_step_and_per_stream(tmp_path):
@@ -175,22 +175,22 @@ def test_asr_chunk_prediction_fits_overhead_per_step_and_per_stream(tmp_path):
     sweep["levels"][0].latency["chunk_latency_s"] = pct(0.0344786432)
     sweep["levels"][1].latency["chunk_latency_s"] = pct(0.0489572864)
     result = plan(write(tmp_path, sweep, llm_sweep(), tts_sweep()), SESSIONS, Objectives())
-    rows = {row["setting"]: row for row in result.predicted_variants if row["service"] == "asr"}
+    rows = {row.setting: row for row in result.predicted_variants if row.service == "asr"}
     # 320 ms: 300 ms × 100 GFLOP/s ÷ (80,983,040 + 1 ms × 100 GFLOP/s) FLOPs per stream = 165.8
-    assert rows["chunk 320 ms"]["estimated_capacity_per_replica"] == 165
+    assert rows["chunk 320 ms"].estimated_capacity_per_replica == 165
     # 80 ms: 60 ms × 100 GFLOP/s ÷ (20,233,472 + 1e8) = 49.9: small chunks pay the overhead 4× as often
-    assert rows["chunk 80 ms"]["estimated_capacity_per_replica"] == 49
-    assert rows["chunk 80 ms"]["replicas_at_estimate"] == 1
+    assert rows["chunk 80 ms"].estimated_capacity_per_replica == 49
+    assert rows["chunk 80 ms"].replicas_at_estimate == 1
 
 
 def test_tts_steps_prediction_scales_by_the_measured_efficiency(tmp_path):
     sweep = tts_sweep()
     sweep["levels"][0].latency["chunk_gap_s"] = pct(0.0808)  # twice the roofline's 40.4 ms per patch: 50%
     result = plan(write(tmp_path, asr_sweep(), llm_sweep(), sweep), SESSIONS, Objectives())
-    rows = {row["setting"]: row for row in result.predicted_variants if row["service"] == "tts"}
-    assert rows["10 diffusion steps"]["estimated_capacity_per_replica"] == pytest.approx(0.5 * 0.16 / 0.0404)
-    assert rows["4 diffusion steps"]["estimated_capacity_per_replica"] == pytest.approx(0.5 * 0.16 / 0.014)
-    assert rows["4 diffusion steps"]["replicas_at_estimate"] == 7  # 40 ÷ 5.714 = 7.0
+    rows = {row.setting: row for row in result.predicted_variants if row.service == "tts"}
+    assert rows["10 diffusion steps"].estimated_capacity_per_replica == pytest.approx(0.5 * 0.16 / 0.0404)
+    assert rows["4 diffusion steps"].estimated_capacity_per_replica == pytest.approx(0.5 * 0.16 / 0.014)
+    assert rows["4 diffusion steps"].replicas_at_estimate == 7  # 40 ÷ 5.714 = 7.0
 
 
 def test_a_voice_turn_sweep_is_the_cross_check(tmp_path):

@@ -7,7 +7,7 @@ import contextlib
 
 import grpc
 
-from loadgen.session import start_services
+from loadgen.main_job import start_services
 from voiceagent.v1 import asr_pb2_grpc, common_pb2, tts_pb2_grpc
 
 STUBS = {"asr": asr_pb2_grpc.SpeechRecognizerStub, "tts": tts_pb2_grpc.SpeechSynthesizerStub}

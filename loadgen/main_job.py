@@ -14,12 +14,12 @@ import dataclasses
 import time
 from pathlib import Path
 
-from loadgen.analysis.formats import si
+from loadgen.analysis.formats import markdown_table, si
 from loadgen.analysis.plan import plan_section
 from loadgen.levels import PRIMARY_LATENCY
 from loadgen.peer import side_by_side
 from loadgen.processes import ServiceProcess, service_process
-from loadgen.report import markdown_table, run_folder, write_html, write_report
+from loadgen.report import run_folder, write_html, write_report
 from loadgen.sweep import SweepPlan, run_sweep
 from loadgen.workload import Endpoints, Lengths, Workload
 
