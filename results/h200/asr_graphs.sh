@@ -4,6 +4,7 @@
 #   check  results/h200/asr_graph_check.py: nemotron-0.6b, 320 ms, buckets to 2048: graph vs eager, step times
 #   tests  tests/asr/test_cuda_graphs.py (graphs on vs padded eager vs eager; fastconformer-small, bf16)
 #   bench  services/asr/benchmark.py at $CHUNKS: NeMo's own loop vs the service with graphs, 4 client processes
+#   service  the service with graphs alone (no engine-direct), the same search
 #   bench-eager  the service with --cuda-graphs false, the same search
 # Every stage has its own time limit; outputs go to $OUT.
 set -u
@@ -37,6 +38,12 @@ for stage in "$@"; do
             --dtype bfloat16 --only engine,cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
             --start-streams "${START:-1024}" $SEARCH --service-args "--graph-chunks $CHUNKS" 2>&1 \
             | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_bench_$CHUNKS.txt"
+        ;;
+    service)
+        timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
+            --dtype bfloat16 --only cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
+            --start-streams "${START:-512}" $SEARCH --service-args "--graph-chunks $CHUNKS" 2>&1 \
+            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_service_$CHUNKS.txt"
         ;;
     bench-eager)
         timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \

@@ -193,6 +193,7 @@ def median_of(measure, runs: int):
         majority = runs // 2 + 1
         while len(rtfs) < runs:
             rtfs.append(measure(streams))
+            print(f"    probe: {streams} streams, RTF {rtfs[-1]:.2f}", flush=True)
             if max(sum(r < 1 for r in rtfs), sum(r >= 1 for r in rtfs)) >= majority:
                 break
         return statistics.median(rtfs)
@@ -215,6 +216,14 @@ def capacity_search(limit: int, precision: float = 0.0, start: int = 1):
         passed, passed_rtf = streams, rtf
         streams *= 2
     upper = failed if failed is not None else limit + 1
+    if passed == 0 and start > 1:  # failed at `start` itself: bisect between 0 and it
+        while upper - passed > max(1, precision * upper):
+            middle = (passed + upper) // 2
+            rtf = yield middle
+            if rtf < 1:
+                passed, passed_rtf = middle, rtf
+            else:
+                upper = middle
     while upper - passed > max(1, precision * passed) and passed > 0:
         middle = (passed + upper) // 2
         rtf = yield middle

@@ -14,10 +14,12 @@ BACKEND = "nemo-cache-aware"
 TOLERANCE = 1e-4
 
 
-def test_buckets_are_powers_of_two_up_to_the_batch_limit():
+def test_buckets_are_powers_of_two_then_multiples_of_64_up_to_the_batch_limit():
     assert buckets_up_to(1) == [1]
     assert buckets_up_to(5) == [1, 2, 4, 5]
-    assert buckets_up_to(1024) == [2**k for k in range(11)]
+    assert buckets_up_to(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert buckets_up_to(200) == [1, 2, 4, 8, 16, 32, 64, 128, 192, 200]
+    assert buckets_up_to(1024) == [1, 2, 4, 8, 16, 32, *range(64, 1025, 64)]
     assert [bucket_for(n, [1, 2, 4, 5]) for n in (1, 2, 3, 4, 5)] == [1, 2, 4, 4, 5]
     with pytest.raises(ValueError, match="exceed"):
         bucket_for(6, [1, 2, 4, 5])
