@@ -4,6 +4,8 @@ the eager step. On the CPU these are skipped; tests/asr/test_padded_steps.py che
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -37,13 +39,30 @@ def services(tmp_path_factory):
         yield record_dir, {"graphs": graphs, "padded": padded, "eager": eager}
 
 
+def _recorded(directory, request_id: str):
+    """The recorded stream, retried for a few seconds; on failure the file's size and first bytes say what
+    was there (the first H200 run failed reading one: 'source code cannot contain null bytes')."""
+    path = directory / f"{request_id}.{BACKEND}.streaming.npz"
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            return recorded(directory, request_id, BACKEND, "streaming")
+        except Exception as exc:
+            if time.monotonic() > deadline:
+                head = path.read_bytes()[:96] if path.exists() else b"(missing)"
+                listing = sorted(p.name for p in directory.iterdir())[:20]
+                size = path.stat().st_size if path.exists() else None
+                raise AssertionError(f"{path}: {exc!r}; size {size}; head {head!r}; dir {listing}") from exc
+            time.sleep(0.2)
+
+
 def _run(record_dir, services, chunk_ms: int, seconds: list[float]):
     clips = [clip(s, seed=60 + index) for index, s in enumerate(seconds)]
     results = {}
     for name, service in services.items():
         ids = [f"{name}-{chunk_ms}-{index}" for index in range(len(clips))]
         responses = streams_together(service, [config(chunk_ms, request_id=i) for i in ids], clips)
-        outputs = [recorded(record_dir / name, i, BACKEND, "streaming") for i in ids]
+        outputs = [_recorded(record_dir / name, i) for i in ids]
         results[name] = ([r[-1].transcript for r in responses], outputs)
     return results
 
