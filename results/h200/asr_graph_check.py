@@ -52,7 +52,7 @@ def main() -> None:
     backend = load_backend(config)
     built = time.perf_counter()
     backend.prepare_padded_steps()  # (the service does this after its warm-up)
-    step = backend.padded[args.chunk_ms]
+    step = backend.padded[args.chunk_ms, False]  # the steady step
     print(
         f"model built in {built - started:.1f} s; {len(step.graphs)} graphs for buckets {step.buckets} "
         f"captured in {step.capture_s:.1f} s; steady step: width {step.width} mel frames -> {step.frames} frames; "

@@ -43,7 +43,7 @@ class CacheAwareBackend(BatchingBackend):
         self.padded_steps = padded_steps or cuda_graphs
         self.cuda_graphs = cuda_graphs
         self.graph_chunks = tuple(graph_chunks) or self.chunk_ms_choices
-        self.padded: dict[int, PaddedStep] = {}
+        self.padded: dict[tuple[int, bool], PaddedStep] = {}  # (chunk_ms, first step) -> its padded step
         self.capture_s = 0.0
         encoder = model.encoder
         self.streaming = {}  # chunk_ms -> NeMo CacheAwareStreamingConfig for that context
@@ -72,13 +72,14 @@ class CacheAwareBackend(BatchingBackend):
         buckets = buckets_up_to(self.max_batch_streams)
         pool = None
         for chunk_ms in self.graph_chunks:
-            step = PaddedStep(self, chunk_ms, buckets, self.max_streams, self.cuda_graphs, pool)
-            self.padded[chunk_ms] = step
-            pool = step.pool
+            for first in (False, True):
+                step = PaddedStep(self, chunk_ms, first, buckets, self.max_streams, self.cuda_graphs, pool)
+                self.padded[chunk_ms, first] = step
+                pool = step.pool
         self.capture_s = time.perf_counter() - started
         log.info(
             "padded steps for %s ms, buckets %s, %s in %.1f s",
-            list(self.padded),
+            sorted({chunk_ms for chunk_ms, _first in self.padded}),
             buckets,
             "captured as CUDA graphs" if self.cuda_graphs else "eager",
             self.capture_s,
@@ -146,9 +147,11 @@ class CacheAwareBackend(BatchingBackend):
                 stream.history = signal[index, :, widths[index] - self.pre_encode_frames : widths[index]]
             else:
                 stream.history = torch.cat((stream.history, chunk), dim=1)[:, -self.pre_encode_frames :]
-        padded = self.padded.get(streams[0].settings.chunk_ms)
-        if padded is not None and history == self.pre_encode_frames and all(w == padded.width for w in widths):
-            return self._padded_step(padded, streams, signal, drop)
+        # history 0 only at a stream's first step; 9 (the pre-encode cache) at every later one but 80 ms's second
+        padded = self.padded.get((streams[0].settings.chunk_ms, history == 0))
+        steady = history in (0, self.pre_encode_frames)
+        if padded is not None and steady and all(width == padded.width for width in widths):
+            return self._padded_step(padded, streams, signal)
         lengths = torch.tensor(widths)
 
         channel_pool, time_pool, length_pool = self._pool(context[0])
@@ -181,8 +184,8 @@ class CacheAwareBackend(BatchingBackend):
             read_bytes=self.shape.step_read_bytes(len(streams), with_cache=True),
         )
 
-    def _padded_step(self, padded: PaddedStep, streams: list[Stream], signal, drop: int) -> GroupResult:
-        """A steady step (every stream a whole chunk after its first): encoder and decoder in one padded call
+    def _padded_step(self, padded: PaddedStep, streams: list[Stream], signal) -> GroupResult:
+        """A first or steady step (every stream a whole chunk): encoder and decoder in one padded call
         (a graph replay on a GPU); the only device-to-host copy is the token table."""
         encoded, new_tokens = padded.run(signal.to(self.device, self.dtype), [stream.slot for stream in streams])
         label = str(padded.chunk_ms)
@@ -190,7 +193,7 @@ class CacheAwareBackend(BatchingBackend):
         metrics.padded_rows.labels(label, "padding").inc(bucket_for(len(streams), padded.buckets) - len(streams))
         frames = [padded.frames] * len(streams)
         keys = streams[0].context[0] + padded.frames
-        flops = self.shape.step_flops(len(streams), padded.frames, keys, padded.width, padded.frames + drop)
+        flops = self.shape.step_flops(len(streams), padded.frames, keys, padded.width, padded.frames + padded.drop)
         return GroupResult(
             encoded=encoded,
             lengths=frames,

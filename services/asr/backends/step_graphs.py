@@ -1,8 +1,9 @@
-"""The steady-state cache-aware step on padded batches in static buffers, replayed as CUDA graphs on a GPU.
+"""The cache-aware step on padded batches in static buffers, replayed as CUDA graphs on a GPU.
 
 Why: eager, one step of the 24-layer encoder plus the RNN-T label loop is ~1-3 thousand kernel launches and
-two device-to-host syncs; on an H200 that fixed cost, not the arithmetic, bounds the step. Here one chunk
-size's steady step (full-width chunks after the first, 9 mel frames of pre-encode history) is one function
+two device-to-host syncs; on an H200 that fixed cost, not the arithmetic, bounds small steps. Here one chunk
+size's steady step (full-width chunks after the first, 9 mel frames of pre-encode history), and its first
+step (the first chunk of every stream, from empty caches), are each one function
 of static tensors: the streams' mel input [bucket, mel, width] and their cache slots [bucket]. It gathers
 the encoder caches and decoder state of those slots from the pools, runs NeMo's encoder step, decodes the
 new frames greedily (an unrolled, masked RNN-T greedy loop: `max_symbols` joint/predictor evaluations per
@@ -52,7 +53,9 @@ def bucket_for(streams: int, buckets: list[int]) -> int:
 class PaddedStep:
     """One chunk size's steady step over padded batches: static inputs, per-bucket graphs (or eager)."""
 
-    def __init__(self, backend, chunk_ms: int, buckets: list[int], scratch_slot: int, graphs: bool, pool=None):
+    def __init__(
+        self, backend, chunk_ms: int, first: bool, buckets: list[int], scratch_slot: int, graphs: bool, pool=None
+    ):
         model = backend.model
         self.encoder = model.encoder
         self.decoder = backend.decoder  # GreedyDecoder: pooled predictor state by slot
@@ -65,7 +68,14 @@ class PaddedStep:
         self.chunk_ms = chunk_ms
         self.buckets = buckets
         self.scratch_slot = scratch_slot
-        self.width = backend.pre_encode_frames + self.cfg.chunk_size[1]  # history + one whole chunk
+        # A first step: the first chunk (10 ms + right context) from empty caches, nothing dropped. Later steps:
+        # the pre-encode history + one whole chunk, dropping the history's encoder frames.
+        self.first = first
+        if first:
+            self.width, self.drop = self.cfg.chunk_size[0], 0
+        else:
+            self.width = backend.pre_encode_frames + self.cfg.chunk_size[1]
+            self.drop = self.cfg.drop_extra_pre_encoded
         self.device = backend.device
         largest = buckets[-1]
         self.signal = torch.zeros(largest, backend.shape.mel_bins, self.width, device=self.device, dtype=backend.dtype)
@@ -91,7 +101,7 @@ class PaddedStep:
             cache_last_time=time_pool.index_select(1, slots),
             cache_last_channel_len=length_pool.index_select(0, slots),
             keep_all_outputs=True,
-            drop_extra_pre_encoded=self.cfg.drop_extra_pre_encoded,
+            drop_extra_pre_encoded=self.drop,
         )
         channel_pool.index_copy_(1, slots, channel)
         time_pool.index_copy_(1, slots, time_cache)
@@ -144,7 +154,7 @@ class PaddedStep:
         encoded, _table = self._forward(1)
         self.frames = encoded.shape[2]
         if int(self.lengths.min()) != self.frames:  # one sync at set-up instead of one per step
-            raise ValueError(f"a steady {self.chunk_ms} ms step yields {self.lengths.tolist()} of {self.frames} frames")
+            raise ValueError(f"a padded {self.chunk_ms} ms step yields {self.lengths.tolist()} of {self.frames} frames")
         self.positions = self.encoder.pos_enc.pe
         if graphs:
             side = torch.cuda.Stream()
