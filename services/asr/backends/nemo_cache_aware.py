@@ -91,6 +91,7 @@ class CacheAwareBackend(BatchingBackend):
             "padded_steps": float(self.padded_steps),
             "cuda_graphs": float(self.cuda_graphs),
             "graph_capture_s": round(self.capture_s, 1),
+            "cuda_graphs_captured": float(sum(len(step.graphs) for step in self.padded.values())),
         }
 
     def _pool(self, left: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

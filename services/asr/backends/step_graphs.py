@@ -164,15 +164,24 @@ class PaddedStep:
                     for _ in range(2):  # warm-up on a side stream: cuDNN/cuBLAS pick their kernels first
                         self._forward(bucket)
             torch.cuda.current_stream().wait_stream(side)
-            for bucket in reversed(self.buckets):
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-                    self.outputs[bucket] = self._forward(bucket)
-                self.graphs[bucket] = graph
-                pool = graph.pool()
-            torch.cuda.synchronize()
+            try:
+                for bucket in reversed(self.buckets):
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                        self.outputs[bucket] = self._forward(bucket)
+                    self.graphs[bucket] = graph
+                    pool = graph.pool()
+                torch.cuda.synchronize()
+            except RuntimeError:  # serve eagerly on the same padded buffers rather than not at all
+                log.exception("capturing the %s %d ms step failed: it runs eagerly", self.kind, self.chunk_ms)
+                self.graphs.clear()
+                self.outputs.clear()
         self.pool = pool
         self.capture_s = time.perf_counter() - started
+
+    @property
+    def kind(self) -> str:
+        return "first" if self.first else "steady"
 
     # --- a step -----------------------------------------------------------------------------------------
     def run(self, signal: torch.Tensor, slots: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
