@@ -4,7 +4,9 @@ the eager step. On the CPU these are skipped; tests/asr/test_padded_steps.py che
 
 from __future__ import annotations
 
+import io
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -48,6 +50,12 @@ def _recorded(directory, request_id: str):
         try:
             return recorded(directory, request_id, BACKEND, "streaming")
         except Exception as exc:
+            try:  # the members read whole, then parsed (np.load streams them from the zip)
+                with zipfile.ZipFile(path) as archive:
+                    arrays = {n[:-4]: np.lib.format.read_array(io.BytesIO(archive.read(n))) for n in archive.namelist()}
+                return arrays["encoded"], arrays["token_ids"].tolist()
+            except Exception:
+                pass
             if time.monotonic() > deadline:
                 head = path.read_bytes()[:96] if path.exists() else b"(missing)"
                 listing = sorted(p.name for p in directory.iterdir())[:20]
