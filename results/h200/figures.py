@@ -28,6 +28,13 @@ ASR_VARIANTS = {
     "service buffered v1": ("asr_buffered.txt", "service buffered"),
     "service cache-aware v2": ("asr_cache_aware_v2.txt", "service cache-aware"),
     "service cache-aware v2, 80 ms messages": ("asr_cache_aware_v2_80ms_piece80.txt", "service cache-aware"),
+    # issue 17 (2026-12-03): NeMo's own loop, then the service with its steady step in CUDA graphs
+    "engine-direct bf16, issue 17": ("asr_graphs_bench_320_search_bug.txt", "engine-direct"),
+    "service cache-aware v4 graphs, power-of-two buckets": (
+        "asr_graphs_service_320_pow2_buckets.txt",
+        "service cache-aware",
+    ),
+    "service cache-aware v4 graphs": ("asr_graphs_service_320.txt", "service cache-aware"),
 }
 ASR_PLOTTED = list(ASR_VARIANTS)[:5]
 ASR_PROGRESS = re.compile(r"^\s+(engine-direct|service cache-aware|service buffered)\s+(\d+) ms: (\d+) streams$", re.M)
@@ -83,6 +90,32 @@ def asr_figures() -> dict:
         variant: {"source": source, "points": sorted(asr_capacity(source, column), key=lambda p: p["chunk_ms"])}
         for variant, (source, column) in ASR_VARIANTS.items()
     }
+
+
+ASR_STEP = re.compile(
+    r"^bucket\s+(\d+) rows\s+(\d+): max \|graph - eager\| encoder (\S+), state (\S+), tokens equal (\w+)"
+    r".*?(?:; step ([\d.]+) ms graph vs ([\d.]+) ms eager)?$",
+    re.M,
+)
+
+
+def asr_step_figures() -> dict:
+    """One steady 320 ms step of nemotron-0.6b per batch-size bucket: CUDA graph replay vs eager."""
+    source = "asr_graph_check_320.txt"
+    rows = []
+    for bucket, streams, encoder, state, equal, graph_ms, eager_ms in ASR_STEP.findall((RAW / source).read_text()):
+        rows.append(
+            {
+                "bucket": int(bucket),
+                "streams": int(streams),
+                "max_abs_diff_encoder": float(encoder),
+                "max_abs_diff_state": float(state),
+                "tokens_equal": equal == "True",
+                "step_ms_graph": float(graph_ms) if graph_ms else None,
+                "step_ms_eager": float(eager_ms) if eager_ms else None,
+            }
+        )
+    return {"source": source, "chunk_ms": 320, "buckets": rows}
 
 
 def tts_figures() -> dict:
@@ -191,7 +224,13 @@ def plot_llm(llm: dict, metric: str, ylabel: str, title: str, name: str) -> None
 
 
 def main() -> None:
-    figures = {"ceilings": device_ceilings(), "asr": asr_figures(), "tts": tts_figures(), "llm": llm_figures()}
+    figures = {
+        "ceilings": device_ceilings(),
+        "asr": asr_figures(),
+        "asr_step_graphs": asr_step_figures(),
+        "tts": tts_figures(),
+        "llm": llm_figures(),
+    }
     (HERE / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
     PLOTS.mkdir(exist_ok=True)
     plot_asr_streams(figures["asr"])

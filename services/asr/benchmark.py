@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import gc
 import math
+import multiprocessing
+import shlex
 import statistics
 import time
 from collections.abc import Sequence
@@ -139,6 +142,37 @@ async def service_rtf(address: str, chunk_ms: int, streams: int, seconds: float,
     return max(rtfs)
 
 
+_CLIENT_LOOP: asyncio.AbstractEventLoop | None = None
+
+
+def _client_share(address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int) -> float:
+    """One client process's share of the streams (grpc.aio keeps its callbacks on one loop per process)."""
+    global _CLIENT_LOOP
+    _CLIENT_LOOP = _CLIENT_LOOP or asyncio.new_event_loop()
+    return _CLIENT_LOOP.run_until_complete(service_rtf(address, chunk_ms, streams, seconds, piece_ms))
+
+
+class ClientProcesses:
+    """N gRPC streams split over `count` client processes: one Python process is near its limit at ~900
+    streams on the H200 host (results/h200/README.md), which would make the client the bottleneck."""
+
+    def __init__(self, count: int):
+        self.count = count
+        context = multiprocessing.get_context("spawn")  # the parent holds a grpc.aio loop: no fork
+        self.pool = concurrent.futures.ProcessPoolExecutor(count, mp_context=context)
+        list(self.pool.map(abs, range(count)))  # start every worker before the first probe
+
+    def rtf(self, address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int) -> float:
+        shares = [streams // self.count + (index < streams % self.count) for index in range(self.count)]
+        futures = [
+            self.pool.submit(_client_share, address, chunk_ms, share, seconds, piece_ms) for share in shares if share
+        ]
+        return max(future.result() for future in futures)
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+
 # --- capacity search ---------------------------------------------------------------------------------------
 def median_trial(trials: list[tuple[int, float]]) -> tuple[int, float]:
     """The (N, RTF) of the trial with the median capacity (the lower middle one of an even count); a path
@@ -159,6 +193,7 @@ def median_of(measure, runs: int):
         majority = runs // 2 + 1
         while len(rtfs) < runs:
             rtfs.append(measure(streams))
+            print(f"    probe: {streams} streams, RTF {rtfs[-1]:.2f}", flush=True)
             if max(sum(r < 1 for r in rtfs), sum(r >= 1 for r in rtfs)) >= majority:
                 break
         return statistics.median(rtfs)
@@ -166,12 +201,13 @@ def median_of(measure, runs: int):
     return measured
 
 
-def capacity_search(limit: int, precision: float = 0.0):
+def capacity_search(limit: int, precision: float = 0.0, start: int = 1):
     """A generator: yields the N to probe next, is sent the RTF measured there, returns (largest N <= limit
-    with RTF < 1, its RTF). Doubling, then bisection; with `precision` p the bisection stops once the first
-    failing N is within p·N of the last passing one (fewer probes, on a GPU)."""
+    with RTF < 1, its RTF). Doubling from `start`, then bisection; with `precision` p the bisection stops
+    once the first failing N is within p·N of the last passing one (fewer probes, on a GPU). A failure at
+    `start` itself bisects down from it."""
     passed, passed_rtf, failed = 0, float("nan"), None
-    streams = 1
+    streams = start
     while streams <= limit:
         rtf = yield streams
         if rtf >= 1:
@@ -180,6 +216,14 @@ def capacity_search(limit: int, precision: float = 0.0):
         passed, passed_rtf = streams, rtf
         streams *= 2
     upper = failed if failed is not None else limit + 1
+    if passed == 0 and start > 1:  # failed at `start` itself: bisect between 0 and it
+        while upper - passed > max(1, precision * upper):
+            middle = (passed + upper) // 2
+            rtf = yield middle
+            if rtf < 1:
+                passed, passed_rtf = middle, rtf
+            else:
+                upper = middle
     while upper - passed > max(1, precision * passed) and passed > 0:
         middle = (passed + upper) // 2
         rtf = yield middle
@@ -190,12 +234,14 @@ def capacity_search(limit: int, precision: float = 0.0):
     return passed, passed_rtf
 
 
-def capacities(measures: list, limit: int, runs: int = 3, precision: float = 0.0) -> list[tuple[int, float]]:
+def capacities(
+    measures: list, limit: int, runs: int = 3, precision: float = 0.0, start: int = 1
+) -> list[tuple[int, float]]:
     """The capacity of each of several paths, their searches interleaved probe by probe (the order of the
     paths alternating from one round of probes to the next), so that every path is measured in the same
     minutes: a shared machine's speed drifts by tens of percent over a few minutes."""
     measures = [median_of(measure, runs) for measure in measures]
-    searches = [capacity_search(limit, precision) for _ in measures]
+    searches = [capacity_search(limit, precision, start) for _ in measures]
     probes: list[int | None] = [search.send(None) for search in searches]
     results: list[tuple[int, float] | None] = [None] * len(measures)
     round_index = 0
@@ -251,6 +297,13 @@ def main() -> None:
         default=1.6,
         help="shortest clip in seconds (whole chunks): a stream's set-up is a fixed cost a longer clip amortises",
     )
+    parser.add_argument(
+        "--clients", type=int, default=1, help="client processes the service's streams are split over (1: this one)"
+    )
+    parser.add_argument("--start-streams", type=int, default=1, help="the capacity search doubles from this N")
+    parser.add_argument(
+        "--service-args", default="", help="extra flags for the services, e.g. '--cuda-graphs false' (one string)"
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per probe (its RTF is their median)")
     parser.add_argument(
         "--trials", type=int, default=3, help="interleaved capacity searches per chunk size (the median one counts)"
@@ -259,7 +312,7 @@ def main() -> None:
         "--precision", type=float, default=0.0, help="stop bisecting within this fraction of N (0: exact)"
     )
     args = parser.parse_args()
-    search = {"runs": args.runs, "precision": args.precision}
+    search = {"runs": args.runs, "precision": args.precision, "start": args.start_streams}
     only = args.only.split(",")
     chunks = [int(c) for c in args.chunks.split(",")]
     started = time.perf_counter()
@@ -272,8 +325,10 @@ def main() -> None:
         for backend in ("cache-aware", "buffered"):
             if backend in only:
                 services[backend] = start_asr_service(
-                    backend, args.preset, args.max_streams, args.threads, args.device, args.dtype
-                )
+                    backend, args.preset, args.max_streams, args.threads, args.device, args.dtype,
+                    shlex.split(args.service_args),
+                )  # fmt: skip
+        clients = ClientProcesses(args.clients) if args.clients > 1 and services else None
         engine = EngineDirect(args.preset, args.threads, args.device, args.dtype) if "engine" in only else None
         # Keep the collector off the objects torch and NeMo made at import (the service does the same): full
         # collections walking them would slow engine-direct and the gRPC clients alike.
@@ -289,15 +344,13 @@ def main() -> None:
             for backend, results in (("cache-aware", cache_aware), ("buffered", buffered)):
                 if backend in services:
                     address = services[backend].address
-                    paths.append(
-                        (
-                            f"service {backend:11s}",
-                            lambda n, c=chunk_ms, a=address, s=seconds: loop.run_until_complete(
-                                service_rtf(a, c, n, s, args.piece_ms)
-                            ),
-                            results,
+                    if clients:
+                        measure = lambda n, c=chunk_ms, a=address, s=seconds: clients.rtf(a, c, n, s, args.piece_ms)  # noqa: E731
+                    else:
+                        measure = lambda n, c=chunk_ms, a=address, s=seconds: loop.run_until_complete(  # noqa: E731
+                            service_rtf(a, c, n, s, args.piece_ms)
                         )
-                    )
+                    paths.append((f"service {backend:11s}", measure, results))
             # Each trial interleaves the paths' searches probe by probe; the table reports each path's median trial.
             for trial in range(args.trials):
                 found = capacities([measure for _, measure, _ in paths], args.max_streams, **search)
@@ -305,12 +358,15 @@ def main() -> None:
                     results[chunk_ms].append((streams, rtf))
                     print(f"  {label} {chunk_ms:5d} ms: {streams} streams (trial {trial + 1})", flush=True)
     finally:
+        if "clients" in locals() and clients:
+            clients.close()
         for service in services.values():
             service.terminate()
 
     print(
         f"\nreal-time stream capacity (per-stream RTF < 1), preset {args.preset}, device {args.device} {args.dtype}, "
-        f"{args.threads} torch thread(s); clips of at least {args.clip_s:g} s; client audio pieces "
+        f"{args.threads} torch thread(s); {args.clients} client process(es); service flags "
+        f"{args.service_args or '(defaults)'}; clips of at least {args.clip_s:g} s; client audio pieces "
         f"{args.piece_ms or 'max(chunk, 100)'} ms; median of {args.trials} trial(s) (each listed below); "
         "0 with RTF nan = not measured; N = --max-streams is the search limit, a lower bound"
     )

@@ -60,10 +60,33 @@ class AsrConfig(ServingConfig):
             "share an interpreter lock with gRPC (false: one process, steps in a worker thread)"
         },
     )
+    cuda_graphs: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "on a CUDA device, capture each chunk size's steady cache-aware step (encoder + greedy decoding) "
+            "as CUDA graphs, one per batch-size bucket 1, 2, 4, ... --max-batch-streams, at start-up "
+            "(ignored on the CPU)"
+        },
+    )
+    padded_steps: bool = dataclasses.field(
+        default=False,
+        metadata={
+            "help": "run steady steps on padded batch-size buckets in static buffers, eagerly: the CPU twin of "
+            "--cuda-graphs (implied by it on a CUDA device)"
+        },
+    )
+    graph_chunks: str = dataclasses.field(
+        default="",
+        metadata={"help": "comma-separated chunk sizes (ms) to give padded steps / graphs (empty: all)"},
+    )
     seed: int = dataclasses.field(default=0, metadata={"help": "seed of the synthetic weights"})
     record_encoder_dir: str = dataclasses.field(
         default="", metadata={"help": "debug: write each stream's encoder output and tokens here (.npz)"}
     )
+
+    @property
+    def graph_chunk_ms(self) -> tuple[int, ...]:
+        return tuple(int(part) for part in self.graph_chunks.split(",")) if self.graph_chunks else ()
 
     @property
     def preset_file(self) -> Path:
@@ -85,4 +108,9 @@ class AsrConfig(ServingConfig):
         require(self.join_window_ms >= 0, "join_window_ms", f"must be >= 0, got {self.join_window_ms}")
         require(self.buffered_window_ms >= 80, "buffered_window_ms", f"must be >= 80, got {self.buffered_window_ms}")
         require(self.dtype in DTYPES, "dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
+        require(
+            all(part.strip().isdigit() for part in self.graph_chunks.split(",")) if self.graph_chunks else True,
+            "graph_chunks",
+            f"must be comma-separated chunk sizes in ms, got {self.graph_chunks!r}",
+        )
         require(self.threads >= 0, "threads", f"must be >= 0, got {self.threads}")

@@ -47,11 +47,16 @@ encoder_frames = Counter(
 audio_processed = Counter(
     "voiceagent_asr_audio_processed_seconds", "Seconds of audio consumed by the encoder", ["chunk_ms"]
 )
+padded_rows = Counter(
+    "voiceagent_asr_padded_step_rows",
+    "Rows of steady steps run on padded batch-size buckets (CUDA graphs on a GPU), by kind: stream or padding",
+    ["chunk_ms", "kind"],
+)
 
 # What the engine process records and forwards to the gRPC process's registry (backends/engine_process.py).
 FORWARDED = (
     "chunk_processing", "final_latency", "active_streams", "step_batch", "step_duration", "encoder_frames",
-    "audio_processed",
+    "audio_processed", "padded_rows",
 )  # fmt: skip
 
 for _chunk in CHUNK_MS:
@@ -59,3 +64,5 @@ for _chunk in CHUNK_MS:
         _metric.labels(_chunk)
     encoder_frames.labels(_chunk)
     audio_processed.labels(_chunk)
+    for _kind in ("stream", "padding"):
+        padded_rows.labels(_chunk, _kind)

@@ -60,3 +60,14 @@ def bfloat16(record_dir):
     args += ["--record-encoder-dir", str(record_dir), "--threads", "1"]
     with running_service("services.asr", venv_python("asr"), args) as service:
         yield service
+
+
+@pytest.fixture(scope="session")
+def padded(tiny_checkpoint, record_dir):
+    """Steady steps on padded batch-size buckets 1, 2, 4, 5 in static buffers, eagerly: the CPU twin of the
+    CUDA-graph path (the same function a GPU captures, on the same padded buffers and scratch slot)."""
+    args = ["--model-path", tiny_checkpoint, "--max-streams", "5", "--probe-ceilings", "false"]
+    args += ["--record-encoder-dir", str(record_dir), "--threads", "1", "--padded-steps", "true"]
+    args += ["--join-window-ms", str(JOIN_WINDOW_MS)]
+    with running_service("services.asr", venv_python("asr"), args) as service:
+        yield service

@@ -42,4 +42,7 @@ def load_backend(config: AsrConfig) -> RecognizerBackend:
         return BufferedBackend(model, window_ms=config.buffered_window_ms, **common)
     from services.asr.backends.nemo_cache_aware import CacheAwareBackend
 
-    return CacheAwareBackend(model, **common)
+    cuda_graphs = config.cuda_graphs and str(config.device).startswith("cuda")
+    return CacheAwareBackend(
+        model, padded_steps=config.padded_steps, cuda_graphs=cuda_graphs, graph_chunks=config.graph_chunk_ms, **common
+    )

@@ -99,6 +99,7 @@ class GroupResult:
     frames_computed: list[int]  # encoder frames the step computed for each stream ("each frame once")
     flops: float
     read_bytes: float
+    new_tokens: list[list[int]] | None = None  # already decoded (a padded step decodes in its own call)
 
 
 class BatchingBackend:
@@ -130,7 +131,7 @@ class BatchingBackend:
         self.device = next(model.encoder.parameters()).device
         self.dtype = next(model.encoder.parameters()).dtype  # encoder and decoder compute in it; mel is float32
         self.detokenizer = fc.Detokenizer(model)
-        self.decoder = GreedyDecoder(model, max_streams, self.device)
+        self.decoder = GreedyDecoder(model, max_streams + 1, self.device)  # + a scratch slot for padded rows
         self.chunk_ms_choices = tuple(fc.supported_chunk_ms(model))
         self.contexts = {chunk_ms: fc.context_for_chunk_ms(model, chunk_ms) for chunk_ms in self.chunk_ms_choices}
         self.streams: dict[int, list[Stream]] = {chunk_ms: [] for chunk_ms in self.chunk_ms_choices}
@@ -398,9 +399,11 @@ class BatchingBackend:
             chunks.append(stream.pending[:, :size])
             stream.pending = stream.pending[:, size:]
         result = self.encode_group(streams, chunks)
-        new_tokens = self.decoder.decode(
-            result.encoded, torch.tensor(result.lengths, device=self.device), [stream.slot for stream in streams]
-        )
+        new_tokens = result.new_tokens
+        if new_tokens is None:
+            new_tokens = self.decoder.decode(
+                result.encoded, torch.tensor(result.lengths, device=self.device), [stream.slot for stream in streams]
+            )
         finished = time.perf_counter()
         chunk_label = str(streams[0].settings.chunk_ms)
         metrics.step_batch.labels(chunk_label).observe(len(streams))

@@ -18,19 +18,33 @@ streaming equals offline for all five contexts (tests/asr/test_streaming_equals_
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
+from services.asr import metrics
 from services.asr.backends import fastconformer as fc
 from services.asr.backends.batching import BatchingBackend, GroupResult, Stream
 from services.asr.backends.slots import gather, rows, scatter
+from services.asr.backends.step_graphs import PaddedStep, bucket_for, buckets_up_to
+
+log = logging.getLogger(__name__)
 
 
 class CacheAwareBackend(BatchingBackend):
     name = "nemo-cache-aware"
     with_cache = True
 
-    def __init__(self, model, *args, **kwargs):
+    def __init__(self, model, *args, padded_steps: bool = False, cuda_graphs: bool = False, graph_chunks=(), **kwargs):
         super().__init__(model, *args, **kwargs)
+        # Steady steps on padded batches in static buffers (captured as CUDA graphs with `cuda_graphs`), for
+        # the chunk sizes in `graph_chunks` (all when empty); built after warm-up (`prepare_padded_steps`).
+        self.padded_steps = padded_steps or cuda_graphs
+        self.cuda_graphs = cuda_graphs
+        self.graph_chunks = tuple(graph_chunks) or self.chunk_ms_choices
+        self.padded: dict[tuple[int, bool], PaddedStep] = {}  # (chunk_ms, first step) -> its padded step
+        self.capture_s = 0.0
         encoder = model.encoder
         self.streaming = {}  # chunk_ms -> NeMo CacheAwareStreamingConfig for that context
         for chunk_ms, context in self.contexts.items():
@@ -44,7 +58,41 @@ class CacheAwareBackend(BatchingBackend):
         for context in self.contexts.values():
             if context[0] not in self.pools:
                 encoder.set_default_att_context_size(context)
-                self.pools[context[0]] = encoder.get_initial_cache_state(self.max_streams, dtype=dtype)
+                # One row more than streams: the scratch slot padded rows of a padded step read and write.
+                self.pools[context[0]] = encoder.get_initial_cache_state(self.max_streams + 1, dtype=dtype)
+
+    def warm_up(self) -> None:
+        super().warm_up()
+        if self.padded_steps:
+            self.prepare_padded_steps()
+
+    def prepare_padded_steps(self) -> None:
+        """Static buffers (and with CUDA graphs, one graph per batch-size bucket) for each chunk size."""
+        started = time.perf_counter()
+        buckets = buckets_up_to(self.max_batch_streams)
+        pool = None
+        for chunk_ms in self.graph_chunks:
+            for first in (False, True):
+                step = PaddedStep(self, chunk_ms, first, buckets, self.max_streams, self.cuda_graphs, pool)
+                self.padded[chunk_ms, first] = step
+                pool = step.pool
+        self.capture_s = time.perf_counter() - started
+        log.info(
+            "padded steps for %s ms, buckets %s, %s in %.1f s",
+            sorted({chunk_ms for chunk_ms, _first in self.padded}),
+            buckets,
+            "captured as CUDA graphs" if self.cuda_graphs else "eager",
+            self.capture_s,
+        )
+
+    def limits(self):
+        return {
+            **super().limits(),
+            "padded_steps": float(self.padded_steps),
+            "cuda_graphs": float(self.cuda_graphs),
+            "graph_capture_s": round(self.capture_s, 1),
+            "cuda_graphs_captured": float(sum(len(step.graphs) for step in self.padded.values())),
+        }
 
     def _pool(self, left: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.pools[left]
@@ -100,6 +148,11 @@ class CacheAwareBackend(BatchingBackend):
                 stream.history = signal[index, :, widths[index] - self.pre_encode_frames : widths[index]]
             else:
                 stream.history = torch.cat((stream.history, chunk), dim=1)[:, -self.pre_encode_frames :]
+        # history 0 only at a stream's first step; 9 (the pre-encode cache) at every later one but 80 ms's second
+        padded = self.padded.get((streams[0].settings.chunk_ms, history == 0))
+        steady = history in (0, self.pre_encode_frames)
+        if padded is not None and steady and all(width == padded.width for width in widths):
+            return self._padded_step(padded, streams, signal)
         lengths = torch.tensor(widths)
 
         channel_pool, time_pool, length_pool = self._pool(context[0])
@@ -130,4 +183,23 @@ class CacheAwareBackend(BatchingBackend):
             frames_computed=frames,
             flops=flops,
             read_bytes=self.shape.step_read_bytes(len(streams), with_cache=True),
+        )
+
+    def _padded_step(self, padded: PaddedStep, streams: list[Stream], signal) -> GroupResult:
+        """A first or steady step (every stream a whole chunk): encoder and decoder in one padded call
+        (a graph replay on a GPU); the only device-to-host copy is the token table."""
+        encoded, new_tokens = padded.run(signal.to(self.device, self.dtype), [stream.slot for stream in streams])
+        label = str(padded.chunk_ms)
+        metrics.padded_rows.labels(label, "stream").inc(len(streams))
+        metrics.padded_rows.labels(label, "padding").inc(bucket_for(len(streams), padded.buckets) - len(streams))
+        frames = [padded.frames] * len(streams)
+        keys = streams[0].context[0] + padded.frames
+        flops = self.shape.step_flops(len(streams), padded.frames, keys, padded.width, padded.frames + padded.drop)
+        return GroupResult(
+            encoded=encoded,
+            lengths=frames,
+            frames_computed=frames,
+            flops=flops,
+            read_bytes=self.shape.step_read_bytes(len(streams), with_cache=True),
+            new_tokens=new_tokens,
         )

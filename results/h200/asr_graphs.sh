@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 17 on the lent H200: the ASR step as CUDA graphs. `bash results/h200/asr_graphs.sh STAGE...` from the repo
+# root on the device, with carry [".whl", "voiceagent/v1"] (and the wheels of pytest in wheels/test/). Stages:
+#   check  results/h200/asr_graph_check.py: nemotron-0.6b, 320 ms, buckets to 2048: graph vs eager, step times
+#   tests  tests/asr/test_cuda_graphs.py (graphs on vs padded eager vs eager; fastconformer-small, bf16)
+#   bench  services/asr/benchmark.py at $CHUNKS: NeMo's own loop vs the service with graphs, 4 client processes
+#   service  the service with graphs alone (no engine-direct), the same search
+#   bench-eager  the service with --cuda-graphs false, the same search
+# Every stage has its own time limit; outputs go to $OUT.
+set -u
+OUT=${OUT:-/tmp/h200-out}
+mkdir -p "$OUT"
+CHUNKS=${CHUNKS:-320}
+SEARCH=${SEARCH:---runs 1 --trials 1 --precision 0.1 --clients 4 --threads 8}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/site
+if [ ! -d /tmp/site/nemo ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHL:-.whl}/*.whl || exit 1
+fi
+python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site wheels/test/*.whl
+mkdir -p .venv/asr/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >.venv/asr/bin/python
+chmod +x .venv/asr/bin/python
+{ date -u; nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader; nproc; git log -1 --format=%H 2>/dev/null; } \
+    >>"$OUT/env.txt" 2>&1
+
+for stage in "$@"; do
+    echo "== $stage $(date -u +%T)" | tee -a "$OUT/stages.txt"
+    case $stage in
+    check)
+        timeout -k 5 "${CHECK_S:-170}" python3 -m results.h200.asr_graph_check --preset nemotron-0.6b --chunk-ms 320 \
+            --max-streams 2048 2>&1 | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graph_check.txt"
+        ;;
+    tests)
+        timeout -k 5 "${TESTS_S:-200}" python3 -m pytest tests/asr/test_cuda_graphs.py -v -s -rs -p no:cacheprovider 2>&1 \
+            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_cuda_graph_tests.txt"
+        ;;
+    bench)
+        timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
+            --dtype bfloat16 --only engine,cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
+            --start-streams "${START:-1024}" $SEARCH --service-args "--graph-chunks $CHUNKS" 2>&1 \
+            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_bench_$CHUNKS.txt"
+        ;;
+    service)
+        timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
+            --dtype bfloat16 --only cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
+            --start-streams "${START:-512}" $SEARCH --service-args "--graph-chunks $CHUNKS" 2>&1 \
+            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_service_$CHUNKS.txt"
+        ;;
+    bench-eager)
+        timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
+            --dtype bfloat16 --only cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
+            --start-streams "${START:-512}" $SEARCH --service-args "--cuda-graphs false" 2>&1 \
+            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_eager_bench_$CHUNKS.txt"
+        ;;
+    esac
+done
+echo "== done $(date -u +%T)" | tee -a "$OUT/stages.txt"

@@ -1,0 +1,209 @@
+"""The cache-aware step on padded batches in static buffers, replayed as CUDA graphs on a GPU.
+
+Why: eager, one step of the 24-layer encoder plus the RNN-T label loop is ~1-3 thousand kernel launches and
+two device-to-host syncs; on an H200 that fixed cost, not the arithmetic, bounds small steps. Here one chunk
+size's steady step (full-width chunks after the first, 9 mel frames of pre-encode history), and its first
+step (the first chunk of every stream, from empty caches), are each one function
+of static tensors: the streams' mel input [bucket, mel, width] and their cache slots [bucket]. It gathers
+the encoder caches and decoder state of those slots from the pools, runs NeMo's encoder step, decodes the
+new frames greedily (an unrolled, masked RNN-T greedy loop: `max_symbols` joint/predictor evaluations per
+frame for every row, so no host round trip decides when it stops), writes caches and decoder state back,
+and leaves one small table [bucket, 1 + tokens] of token counts and ids: the step's only device-to-host copy.
+
+A batch of B streams runs the smallest bucket (1, 2, 4, ... 64, then multiples of 64, ... max) holding it;
+rows B.. are padding that read and write a scratch slot no stream owns, so they never touch a stream's
+state and their outputs are dropped. Buckets are captured largest first into one shared memory pool:
+replays are serialised by the device lock, so their workspaces may overlap. Without CUDA (`graphs=False`)
+the same function runs eagerly on the same padded buffers: the CPU twin the tests check.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+FINE_STEP = 64  # past 64 rows, buckets are multiples of 64
+
+
+def buckets_up_to(largest: int) -> list[int]:
+    """Batch-size buckets 1, 2, 4, ... 64, then every multiple of 64, and `largest` itself. At large batches a
+    step costs in proportion to its rows (compute, not launches): padding 640 streams to 1,024 cost the H200
+    60 % more per step, so there a bucket wastes at most 63 rows."""
+    buckets, size = [], 1
+    while size < min(largest, FINE_STEP):
+        buckets.append(size)
+        size *= 2
+    buckets += range(FINE_STEP, largest, FINE_STEP)
+    return [*buckets, largest]
+
+
+def bucket_for(streams: int, buckets: list[int]) -> int:
+    """The smallest bucket that holds `streams`."""
+    for bucket in buckets:
+        if bucket >= streams:
+            return bucket
+    raise ValueError(f"{streams} streams exceed the largest bucket {buckets[-1]}")
+
+
+class PaddedStep:
+    """One chunk size's steady step over padded batches: static inputs, per-bucket graphs (or eager)."""
+
+    def __init__(
+        self, backend, chunk_ms: int, first: bool, buckets: list[int], scratch_slot: int, graphs: bool, pool=None
+    ):
+        model = backend.model
+        self.encoder = model.encoder
+        self.decoder = backend.decoder  # GreedyDecoder: pooled predictor state by slot
+        self.computer = backend.decoder.computer
+        if self.computer.max_symbols is None:
+            raise ValueError("padded steps need a bounded max_symbols in greedy RNN-T decoding")
+        self.context = backend.contexts[chunk_ms]
+        self.cfg = backend.streaming[chunk_ms]
+        self.caches = backend.pools[self.context[0]]
+        self.chunk_ms = chunk_ms
+        self.buckets = buckets
+        self.scratch_slot = scratch_slot
+        # A first step: the first chunk (10 ms + right context) from empty caches, nothing dropped. Later steps:
+        # the pre-encode history + one whole chunk, dropping the history's encoder frames.
+        self.first = first
+        if first:
+            self.width, self.drop = self.cfg.chunk_size[0], 0
+        else:
+            self.width = backend.pre_encode_frames + self.cfg.chunk_size[1]
+            self.drop = self.cfg.drop_extra_pre_encoded
+        self.device = backend.device
+        largest = buckets[-1]
+        self.signal = torch.zeros(largest, backend.shape.mel_bins, self.width, device=self.device, dtype=backend.dtype)
+        self.slots = torch.full((largest,), scratch_slot, dtype=torch.long, device=self.device)
+        self.signal_length = torch.full((largest,), self.width, dtype=torch.long, device=self.device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.lengths = None  # encoder output lengths of the last set-up run
+        self.frames = 0  # encoder frames per row of a steady step (known at set-up: no sync per step)
+        self.positions = None  # the positional table the graphs read (NeMo replaces it if audio outgrows it)
+        self.capture_s = 0.0
+        self._prepare(graphs, pool)
+
+    # --- the step as a function of the static buffers ---------------------------------------------------
+    def _forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoder + greedy decoding of rows [:bucket]; returns (encoded [bucket, D, T], table [bucket, 1+K])."""
+        slots = self.slots[:bucket]
+        channel_pool, time_pool, length_pool = self.caches
+        encoded, self.lengths, channel, time_cache, length = self.encoder.cache_aware_stream_step(
+            processed_signal=self.signal[:bucket],
+            processed_signal_length=self.signal_length[:bucket],
+            cache_last_channel=channel_pool.index_select(1, slots),
+            cache_last_time=time_pool.index_select(1, slots),
+            cache_last_channel_len=length_pool.index_select(0, slots),
+            keep_all_outputs=True,
+            drop_extra_pre_encoded=self.drop,
+        )
+        channel_pool.index_copy_(1, slots, channel)
+        time_pool.index_copy_(1, slots, time_cache)
+        length_pool.index_copy_(0, slots, length)
+        return encoded, self._decode(encoded, slots)
+
+    def _decode(self, encoded: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Greedy RNN-T over every frame of every row (all rows have all frames in a steady step): at each
+        frame up to `max_symbols` labels, each followed by a predictor step, masked per row instead of a
+        loop whose exit needs the host. The same tokens as NeMo's label-looping computer."""
+        computer, pools = self.computer, self.decoder
+        joint, predictor = computer.joint, computer.decoder
+        blank, max_symbols = computer._blank_index, computer.max_symbols
+        rows, frames = encoded.shape[0], encoded.shape[2]
+        projected = joint.project_encoder(encoded.transpose(1, 2))  # [B, T, H], once per step
+        state = [pool.index_select(1, slots) for pool in pools.states]
+        output = pools.outputs.index_select(0, slots)
+        last_label = pools.labels.index_select(0, slots)
+        tokens = torch.zeros(rows, frames * max_symbols + 1, dtype=torch.long, device=encoded.device)
+        counts = torch.zeros(rows, dtype=torch.long, device=encoded.device)
+        row_index = torch.arange(rows, device=encoded.device)
+        for frame in range(frames):
+            emitting = torch.ones(rows, dtype=torch.bool, device=encoded.device)
+            for _symbol in range(max_symbols):
+                logits = joint.joint_after_projection(projected[:, frame : frame + 1], output).squeeze(1).squeeze(1)
+                label = logits.max(-1)[1]
+                emitting = emitting & (label != blank)
+                tokens[row_index, counts] = label  # kept only where emitting: counts moves past it
+                counts += emitting
+                new_output, new_state, *_ = predictor.predict(label.unsqueeze(1), state, add_sos=False, batch_size=rows)
+                new_output = joint.project_prednet(new_output)
+                output = torch.where(emitting[:, None, None], new_output, output)
+                keep = emitting[None, :, None]
+                state = [torch.where(keep, new, old) for new, old in zip(new_state, state, strict=True)]
+                last_label = torch.where(emitting, label, last_label)
+        for pool, value in zip(pools.states, state, strict=True):
+            pool.index_copy_(1, slots, value)
+        pools.outputs.index_copy_(0, slots, output)
+        pools.labels.index_copy_(0, slots, last_label)
+        pools.lengths.index_copy_(0, slots, pools.lengths.index_select(0, slots) + frames)
+        return torch.cat((counts[:, None], tokens), dim=1)
+
+    # --- set-up -----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _prepare(self, graphs: bool, pool) -> None:
+        """Learn the steady step's frame count; with `graphs`, capture every bucket (largest first)."""
+        started = time.perf_counter()
+        self.encoder.set_default_att_context_size(self.context)
+        self.slots.fill_(self.scratch_slot)  # set-up runs touch only the scratch slot
+        encoded, _table = self._forward(1)
+        self.frames = encoded.shape[2]
+        if int(self.lengths.min()) != self.frames:  # one sync at set-up instead of one per step
+            raise ValueError(f"a padded {self.chunk_ms} ms step yields {self.lengths.tolist()} of {self.frames} frames")
+        self.positions = self.encoder.pos_enc.pe
+        if graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for bucket in reversed(self.buckets):
+                    for _ in range(2):  # warm-up on a side stream: cuDNN/cuBLAS pick their kernels first
+                        self._forward(bucket)
+            torch.cuda.current_stream().wait_stream(side)
+            try:
+                for bucket in reversed(self.buckets):
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                        self.outputs[bucket] = self._forward(bucket)
+                    self.graphs[bucket] = graph
+                    pool = graph.pool()
+                torch.cuda.synchronize()
+            except RuntimeError:  # serve eagerly on the same padded buffers rather than not at all
+                log.exception("capturing the %s %d ms step failed: it runs eagerly", self.kind, self.chunk_ms)
+                self.graphs.clear()
+                self.outputs.clear()
+        self.pool = pool
+        self.capture_s = time.perf_counter() - started
+
+    @property
+    def kind(self) -> str:
+        return "first" if self.first else "steady"
+
+    # --- a step -----------------------------------------------------------------------------------------
+    def run(self, signal: torch.Tensor, slots: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
+        """Step the streams in `slots` on `signal` [B, mel, width]: their encoder output [B, D, T] (a view
+        valid until the next step) and each stream's new token ids."""
+        rows = len(slots)
+        bucket = bucket_for(rows, self.buckets)
+        self.signal[:rows].copy_(signal)
+        self.slots[:rows].copy_(torch.tensor(slots, dtype=torch.long), non_blocking=True)
+        self.slots[rows:bucket].fill_(self.scratch_slot)
+        graph = self.graphs.get(bucket)
+        if graph is not None and self.encoder.pos_enc.pe is not self.positions:
+            log.warning(
+                "the encoder's positional table was replaced (a long offline clip): graphs off for %d ms", self.chunk_ms
+            )
+            self.graphs.clear()
+            graph = None
+        if graph is not None:
+            graph.replay()
+            encoded, table = self.outputs[bucket]
+        else:
+            self.encoder.set_default_att_context_size(self.context)
+            encoded, table = self._forward(bucket)
+        host = table[:rows].cpu().tolist()  # the step's one device-to-host copy
+        return encoded[:rows], [row[1 : 1 + row[0]] for row in host]
