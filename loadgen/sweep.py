@@ -247,7 +247,10 @@ def run_sweep(plan: SweepPlan, workload: Workload, out_dir: Path, progress: Call
     levels: list[LevelResult] = []
     warnings: list[str] = []
     if facts.peak_flops_per_s and not facts.ceilings_quiet:
-        warnings.append(f"{facts.service}'s device ceilings were measured under load: {facts.ceilings_note()}")
+        warnings.append(
+            f"{facts.service}'s device ceilings were measured under load ({facts.ceilings_background_cores:.2f} CPU "
+            "cores busy elsewhere during its probe): they are too low, so utilisations and verdicts are inflated"
+        )
     try:
         for concurrency in plan.concurrency:
             sink.concurrency = concurrency
