@@ -16,6 +16,10 @@ from voiceagent.serving.info import ModelFacts
 FINISH_REASONS = ("stop", "length", "abort")
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine is gone (its core process died); the message says why. Becomes UNAVAILABLE."""
+
+
 class InvalidRequest(ValueError):
     """A request the model cannot serve; `field` names the request field at fault."""
 
@@ -83,6 +87,10 @@ class TextGenerator(Protocol):
 
     vocab_size: int  # token ids must be below this
     max_model_len: int  # prompt + completion tokens
+    # The most prompt bytes one token can stand for (its longest vocabulary entry): max_model_len of them bound
+    # the bytes a prompt that fits can have, so a larger one is rejected without tokenising it.
+    longest_token_bytes: int
+    failure: str  # why the engine is gone ("" while it runs); the service then drains and exits non-zero
 
     async def start(self) -> None:
         """Load the model and warm the engine up."""
@@ -96,5 +104,6 @@ class TextGenerator(Protocol):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
         """Stream deltas as the engine produces them. Raises InvalidRequest before the first delta when the
-        model cannot serve the request. Closing the iterator early aborts the engine request."""
+        model cannot serve the request, EngineUnavailable when the engine died. Tokenising runs off the event
+        loop. Closing the iterator early aborts the engine request."""
         ...

@@ -52,6 +52,13 @@ class LlmConfig(ServingConfig):
     max_model_len: int = dataclasses.field(
         default=4096, metadata={"help": "longest prompt + completion in tokens (0 = the model's own)"}
     )
+    max_prompt_bytes: int = dataclasses.field(
+        default=0,
+        metadata={
+            "help": "longest prompt in UTF-8 bytes (text, or chat contents summed), rejected before tokenising "
+            "(0 = what max_model_len tokens can hold: max_model_len x the tokenizer's longest token in bytes)"
+        },
+    )
     max_in_flight: int = dataclasses.field(
         default=64, metadata={"help": "requests admitted at once; more get RESOURCE_EXHAUSTED"}
     )
@@ -126,6 +133,7 @@ class LlmConfig(ServingConfig):
             )
         require(self.dtype in DTYPES, "dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
         require(self.max_model_len >= 0, "max_model_len", f"must be >= 0, got {self.max_model_len}")
+        require(self.max_prompt_bytes >= 0, "max_prompt_bytes", f"must be >= 0, got {self.max_prompt_bytes}")
         require(self.max_in_flight >= 1, "max_in_flight", f"must be >= 1, got {self.max_in_flight}")
         require(self.max_num_seqs >= 0, "max_num_seqs", f"must be >= 0, got {self.max_num_seqs}")
         require(self.kv_cache_gib > 0, "kv_cache_gib", f"must be > 0, got {self.kv_cache_gib}")

@@ -44,7 +44,7 @@ class CacheAwareBackend(BatchingBackend):
         for context in self.contexts.values():
             if context[0] not in self.pools:
                 encoder.set_default_att_context_size(context)
-                self.pools[context[0]] = encoder.get_initial_cache_state(self.max_streams, dtype=dtype)
+                self.pools[context[0]] = encoder.get_initial_cache_state(self.slot_count, dtype=dtype)
 
     def _pool(self, left: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.pools[left]
