@@ -482,11 +482,10 @@ class BatchingBackend:
         try:
             started = time.perf_counter()
             stream = self._new_stream(settings, slot)
-            stream.append(audio, started)
-            stream.closed, stream.closed_at = True, started
-            while stream.mel_consumed < stream.mel_available():
+            fed = 0
+            while not stream.closed or stream.mel_consumed < stream.mel_available():
                 async with self.device_lock:  # fair: live steps queued during the last slice go first
-                    await _finish_holding(asyncio.to_thread(self._offline_slice, stream))
+                    fed = await _finish_holding(asyncio.to_thread(self._offline_slice, stream, audio, fed))
             return OfflineResult(
                 transcript=stream.transcript,
                 token_ids=tuple(stream.token_ids),
@@ -496,11 +495,22 @@ class BatchingBackend:
         finally:
             self.offline_slots.put_nowait(slot)
 
-    def _offline_slice(self, stream: Stream) -> None:
-        """Steps of one offline stream until its audio is consumed or the slice's engine time is spent."""
+    def _offline_slice(self, stream: Stream, audio: np.ndarray, fed: int) -> int:
+        """Steps of one offline stream until its audio is consumed or the slice's engine time is spent. The
+        clip is fed a second at a time, as it would stream in, so no step computes the features of the whole
+        clip at once. Returns how many samples have been fed."""
         started = time.perf_counter()
-        while stream.mel_consumed < stream.mel_available() and time.perf_counter() - started < self.offline_slice_s:
+        while time.perf_counter() - started < self.offline_slice_s:
+            while not stream.closed and stream.mel_available() < stream.mel_consumed + self.chunk_mel(stream):
+                piece = audio[fed : fed + fc.SAMPLE_RATE]
+                fed += len(piece)
+                stream.append(piece, started)
+                if fed >= len(audio):
+                    stream.closed, stream.closed_at = True, time.perf_counter()
+            if stream.closed and stream.mel_consumed >= stream.mel_available():
+                break
             self._step([stream])
+        return fed
 
     @torch.inference_mode()
     def _offline(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:

@@ -134,7 +134,8 @@ class EngineProcess:
             return await result
         finally:
             del self.offline[request_id]
-            if not result.done() and not self.failure:  # cancelled (client gone, deadline): stop the work
+            # Cancelled (client gone, deadline; awaiting the future cancelled it too): stop the engine's work.
+            if (result.cancelled() or not result.done()) and not self.failure:
                 self.channel.send(("cancel-transcribe", request_id))
 
     def _check(self) -> None:
