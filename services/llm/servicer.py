@@ -26,6 +26,7 @@ from voiceagent.serving.info import info_response
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+MAX_MESSAGE_BYTES = 64 << 20
 FINISH_REASONS = {
     "stop": llm_pb2.FINISH_REASON_STOP,
     "length": llm_pb2.FINISH_REASON_LENGTH,
@@ -102,7 +103,7 @@ def to_prompt(request: llm_pb2.GenerateRequest, limits: PromptLimits):
     vocab_size = limits.vocab_size
     if not ids:
         raise InvalidRequest("prompt.token_ids", "is empty")
-    if len(ids) > limits.max_model_len:
+    if limits.max_model_len and len(ids) > limits.max_model_len:
         raise InvalidRequest(
             "prompt.token_ids", f"{len(ids)} ids exceed max_model_len {limits.max_model_len}; shorten the prompt"
         )
@@ -163,10 +164,12 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         self.ceilings = ceilings
         await self.generator.start()
         generator = self.generator
+        # A backend that cannot say how many bytes a token holds (0) leaves the bound to max_prompt_bytes alone.
+        derived = generator.max_model_len * getattr(generator, "longest_token_bytes", 0)
         self.prompt_limits = PromptLimits(
             generator.vocab_size,
             generator.max_model_len,
-            self.config.max_prompt_bytes or generator.max_model_len * generator.longest_token_bytes,
+            self.config.max_prompt_bytes or derived or MAX_MESSAGE_BYTES,
         )
         self.ready = True
 
@@ -180,7 +183,7 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         oversized prompt still reaches the check that names max_prompt_bytes (decided on its length, before any
         tokenising; receiving costs the event loop ~1 ms per MB); past 64 MiB gRPC answers RESOURCE_EXHAUSTED
         itself. Send: deltas are a few tokens."""
-        return 64 << 20, 4 << 20
+        return MAX_MESSAGE_BYTES, 4 << 20
 
     async def stop(self) -> None:
         self.ready = False
