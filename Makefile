@@ -6,7 +6,7 @@ DEV := $(VENV)/dev/bin/python
 SERVICES := asr llm tts
 
 .DEFAULT_GOAL := help
-.PHONY: plan help setup protos run serve sweep test lint serve-asr serve-llm serve-tts clean bench-llm bench-asr bench-tts
+.PHONY: soak plan help setup protos run serve sweep test lint serve-asr serve-llm serve-tts clean bench-llm bench-asr bench-tts
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -42,6 +42,10 @@ sweep: ## sweep running services: make sweep TARGET=asr|llm|tts|voice|openai CON
 
 plan: ## capacity plan from measured sweeps: make plan RUN=reports/<run> SESSIONS=100 ARGS="--llm-ttft-p95 0.5"
 	@$(DEV) -m loadgen plan $(RUN) --sessions $(SESSIONS) $(ARGS)
+
+SOAK_S ?= 1800
+soak: setup ## start the services, load all three and the voice turn with cancels and disconnects for SOAK_S (30 min), check nothing leaks
+	@$(DEV) -m loadgen.soak --duration-s $(SOAK_S) $(ARGS)
 
 test: ## set up if needed, then lint and run every test suite, timing each stage
 	@tools/test.sh

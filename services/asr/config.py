@@ -45,6 +45,20 @@ class AsrConfig(ServingConfig):
             "so streams that start together step together (0 = step at once)"
         },
     )
+    max_offline_audio_s: float = dataclasses.field(
+        default=120.0, metadata={"help": "longest clip one Recognize call may carry; longer is INVALID_ARGUMENT"}
+    )
+    offline_pass_s: float = dataclasses.field(
+        default=4.0,
+        metadata={
+            "help": "Recognize clips up to this long run as one offline encoder pass; longer ones are stepped "
+            "chunk by chunk between the live streams' steps (live steps first), so they never stall them"
+        },
+    )
+    offline_slice_ms: float = dataclasses.field(
+        default=50.0,
+        metadata={"help": "engine time a long Recognize may take before queued live steps run (one slice)"},
+    )
     buffered_window_ms: int = dataclasses.field(
         default=4000, metadata={"help": "audio the buffered backend re-encodes per chunk"}
     )
@@ -106,6 +120,9 @@ class AsrConfig(ServingConfig):
             0 <= self.batch_wait_fraction <= 1, "batch_wait_fraction", f"must be 0..1, got {self.batch_wait_fraction}"
         )
         require(self.join_window_ms >= 0, "join_window_ms", f"must be >= 0, got {self.join_window_ms}")
+        require(self.max_offline_audio_s > 0, "max_offline_audio_s", f"must be > 0, got {self.max_offline_audio_s}")
+        require(self.offline_pass_s >= 0, "offline_pass_s", f"must be >= 0, got {self.offline_pass_s}")
+        require(self.offline_slice_ms > 0, "offline_slice_ms", f"must be > 0, got {self.offline_slice_ms}")
         require(self.buffered_window_ms >= 80, "buffered_window_ms", f"must be >= 80, got {self.buffered_window_ms}")
         require(self.dtype in DTYPES, "dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
         require(

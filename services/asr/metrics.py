@@ -53,10 +53,14 @@ padded_rows = Counter(
     ["chunk_ms", "kind"],
 )
 
+offline_requests = Gauge(
+    "voiceagent_asr_offline_requests", "Recognize calls the engine is transcribing (or waiting to) right now"
+)
+
 # What the engine process records and forwards to the gRPC process's registry (backends/engine_process.py).
 FORWARDED = (
     "chunk_processing", "final_latency", "active_streams", "step_batch", "step_duration", "encoder_frames",
-    "audio_processed", "padded_rows",
+    "audio_processed", "padded_rows", "offline_requests",
 )  # fmt: skip
 
 for _chunk in CHUNK_MS:

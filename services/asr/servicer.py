@@ -58,6 +58,18 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
     def add_to_server(self, server: grpc.aio.Server) -> None:
         asr_pb2_grpc.add_SpeechRecognizerServicer_to_server(self, server)
 
+    def message_limits(self) -> tuple[int, int]:
+        """gRPC receive and send limits in bytes. Receive: twice the longest Recognize clip in float32 plus
+        1 MiB, so a clip somewhat over max_offline_audio_s still gets the INVALID_ARGUMENT that names it
+        (further over, gRPC's own RESOURCE_EXHAUSTED); streaming pieces are far smaller. Send: transcripts."""
+        clip_bytes = int(self.config.max_offline_audio_s * SAMPLE_RATE_HZ * 4)
+        return 2 * clip_bytes + (1 << 20), 4 << 20
+
+    @property
+    def failure(self) -> str:
+        """Why the engine is gone ("" while it runs): the runtime then exits non-zero after draining."""
+        return getattr(self.backend, "failure", "")
+
     async def start(self, ceilings: DeviceCeilings) -> None:
         self.ceilings = ceilings
         if self.backend is None and self.config.engine_process:
@@ -89,6 +101,15 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
         if config.chunk_ms not in choices:
             raise InvalidRequest(f"config.chunk_ms: {config.chunk_ms} is not one of {list(choices)} ms")
         return StreamSettings(config.request_id or uuid.uuid4().hex, config.chunk_ms, config.interim_results)
+
+    def _check_offline_length(self, payload_bytes: int, encoding: int) -> None:
+        """Before decoding: a clip longer than max_offline_audio_s is refused on its byte count alone."""
+        seconds = payload_bytes / _SAMPLE_BYTES[encoding] / SAMPLE_RATE_HZ
+        if seconds > self.config.max_offline_audio_s:
+            raise InvalidRequest(
+                f"audio: {seconds:.1f} s exceeds max_offline_audio_s {self.config.max_offline_audio_s:g} s; "
+                "split the clip or stream it with StreamingRecognize"
+            )
 
     async def _audio(self, requests: AsyncIterator, encoding: int) -> AsyncIterator[np.ndarray]:
         async for request in requests:
@@ -142,6 +163,7 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
         await self._require_ready(context)
         try:
             settings = self._settings(request.config)
+            self._check_offline_length(len(request.audio), request.config.encoding)
             audio = decode_audio(request.audio, request.config.encoding)
         except (InvalidRequest, AudioError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -158,4 +180,5 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
 
     async def GetInfo(self, request, context):
         await self._require_ready(context)
-        return info_response(self.name, self.backend.facts(), self.ceilings, self.backend.limits())
+        limits = {**self.backend.limits(), "max_offline_audio_s": self.config.max_offline_audio_s}
+        return info_response(self.name, self.backend.facts(), self.ceilings, limits)

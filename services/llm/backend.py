@@ -33,6 +33,13 @@ class EngineFailure(RuntimeError):
         self.status = status
 
 
+class EngineUnavailable(EngineFailure):
+    """The engine is gone (its core process died); the message says why. Becomes UNAVAILABLE."""
+
+    def __init__(self, message: str):
+        super().__init__("UNAVAILABLE", message)
+
+
 @dataclasses.dataclass(frozen=True)
 class ChatTurn:
     role: str
@@ -92,6 +99,10 @@ class TextGenerator(Protocol):
 
     vocab_size: int  # token ids must be below this
     max_model_len: int  # prompt + completion tokens
+    # The most prompt bytes one token can stand for (its longest vocabulary entry): max_model_len of them bound
+    # the bytes a prompt that fits can have, so a larger one is rejected without tokenising it.
+    longest_token_bytes: int
+    failure: str  # why the engine is gone ("" while it runs); the service then drains and exits non-zero
 
     async def start(self) -> None:
         """Load the model and warm the engine up."""
@@ -105,6 +116,6 @@ class TextGenerator(Protocol):
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
         """Stream deltas as the engine produces them. Raises InvalidRequest before the first delta when the
-        model cannot serve the request, EngineFailure when the engine fails it. Closing the iterator early
-        aborts the engine request."""
+        model cannot serve the request, EngineFailure when the engine fails it (EngineUnavailable when it died).
+        Tokenising runs off the event loop. Closing the iterator early aborts the engine request."""
         ...

@@ -60,6 +60,13 @@ class LlmConfig(ServingConfig):
     max_model_len: int = dataclasses.field(
         default=4096, metadata={"help": "longest prompt + completion in tokens (0 = the model's own)"}
     )
+    max_prompt_bytes: int = dataclasses.field(
+        default=0,
+        metadata={
+            "help": "longest prompt in UTF-8 bytes (text, or chat contents summed), rejected before tokenising "
+            "(0 = what max_model_len tokens can hold: max_model_len x the tokenizer's longest token in bytes)"
+        },
+    )
     max_in_flight: int = dataclasses.field(
         default=64, metadata={"help": "requests admitted at once; more get RESOURCE_EXHAUSTED"}
     )
@@ -159,6 +166,7 @@ class LlmConfig(ServingConfig):
         super().validate()
         require(self.backend in BACKENDS, "backend", f"must be one of {list(BACKENDS)}, got {self.backend!r}")
         require(self.max_in_flight >= 1, "max_in_flight", f"must be >= 1, got {self.max_in_flight}")
+        require(self.max_prompt_bytes >= 0, "max_prompt_bytes", f"must be >= 0, got {self.max_prompt_bytes}")
         if self.remote:
             self._validate_upstream()
             return

@@ -6,6 +6,7 @@ Also the `Service` the shared runtime serves: it starts the backend once the ser
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 
 import grpc
@@ -25,6 +26,7 @@ from voiceagent.serving.info import info_response
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+MAX_MESSAGE_BYTES = 64 << 20
 FINISH_REASONS = {
     "stop": llm_pb2.FINISH_REASON_STOP,
     "length": llm_pb2.FINISH_REASON_LENGTH,
@@ -54,26 +56,57 @@ def to_sampling(proto: llm_pb2.SamplingParams) -> Sampling:
     )
 
 
-def to_prompt(request: llm_pb2.GenerateRequest, vocab_size: int):
+@dataclasses.dataclass(frozen=True)
+class PromptLimits:
+    """What a prompt may be, checked before any tokenising: cheap length checks, not model work."""
+
+    vocab_size: int
+    max_model_len: int  # tokens
+    max_prompt_bytes: int  # UTF-8 bytes of text (or of chat contents, summed)
+
+
+def _check_bytes(field: str, text: str, used: int, limits: PromptLimits) -> int:
+    """`used` + the UTF-8 length of `text`; InvalidRequest once past max_prompt_bytes. A character is at
+    least one byte, so a text longer in characters than the limit is rejected without encoding it."""
+    limit = limits.max_prompt_bytes
+    size = used + len(text) if used + len(text) > limit else used + len(text.encode("utf-8"))
+    if size > limit:
+        raise InvalidRequest(
+            field,
+            f"{size} bytes or more exceed max_prompt_bytes {limit} (what max_model_len {limits.max_model_len} "
+            "tokens can hold); shorten the prompt",
+        )
+    return size
+
+
+def to_prompt(request: llm_pb2.GenerateRequest, limits: PromptLimits):
     kind = request.WhichOneof("prompt")
     if kind is None:
         raise InvalidRequest("prompt", "set one of text, chat, token_ids")
     if kind == "text":
         if not request.text:
             raise InvalidRequest("prompt.text", "is empty")
+        _check_bytes("prompt.text", request.text, 0, limits)
         return request.text
     if kind == "chat":
         if not request.chat.messages:
             raise InvalidRequest("prompt.chat.messages", "is empty")
+        used = 0
         for index, message in enumerate(request.chat.messages):
             if message.role not in CHAT_ROLES:
                 raise InvalidRequest(
                     f"prompt.chat.messages[{index}].role", f"must be one of {list(CHAT_ROLES)}, got {message.role!r}"
                 )
+            used = _check_bytes(f"prompt.chat.messages[{index}].content", message.content, used, limits)
         return tuple(ChatTurn(message.role, message.content) for message in request.chat.messages)
     ids = request.token_ids.ids
+    vocab_size = limits.vocab_size
     if not ids:
         raise InvalidRequest("prompt.token_ids", "is empty")
+    if limits.max_model_len and len(ids) > limits.max_model_len:
+        raise InvalidRequest(
+            "prompt.token_ids", f"{len(ids)} ids exceed max_model_len {limits.max_model_len}; shorten the prompt"
+        )
     largest = max(ids)
     if largest >= vocab_size:
         index = list(ids).index(largest)
@@ -122,6 +155,7 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         self.ceilings: DeviceCeilings = UNMEASURED
         self.ready = False
         self.in_flight = 0
+        self.prompt_limits = PromptLimits(0, 0, 0)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         llm_pb2_grpc.add_TextGeneratorServicer_to_server(self, server)
@@ -130,7 +164,27 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         # A remote engine's device is not this machine's: its ceilings stay unmeasured (the config skips the probe).
         self.ceilings = UNMEASURED if self.config.remote else ceilings
         await self.generator.start()
+        generator = self.generator
+        # A backend that cannot say how many bytes a token holds (0) leaves the bound to max_prompt_bytes alone.
+        derived = generator.max_model_len * getattr(generator, "longest_token_bytes", 0)
+        self.prompt_limits = PromptLimits(
+            generator.vocab_size,
+            generator.max_model_len,
+            self.config.max_prompt_bytes or derived or MAX_MESSAGE_BYTES,
+        )
         self.ready = True
+
+    @property
+    def failure(self) -> str:
+        """Why the engine is gone ("" while it runs): the runtime then exits non-zero after draining."""
+        return getattr(self.generator, "failure", "")
+
+    def message_limits(self) -> tuple[int, int]:
+        """gRPC receive and send limits in bytes. Receive: 64 MiB, far above any prompt that fits, so an
+        oversized prompt still reaches the check that names max_prompt_bytes (decided on its length, before any
+        tokenising; receiving costs the event loop ~1 ms per MB); past 64 MiB gRPC answers RESOURCE_EXHAUSTED
+        itself. Send: deltas are a few tokens."""
+        return MAX_MESSAGE_BYTES, 4 << 20
 
     async def stop(self) -> None:
         self.ready = False
@@ -142,7 +196,7 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         try:
             generation = GenerationRequest(
                 request_id=request.request_id or uuid.uuid4().hex,
-                prompt=to_prompt(request, self.generator.vocab_size),
+                prompt=to_prompt(request, self.prompt_limits),
                 sampling=to_sampling(request.sampling),
             )
         except InvalidRequest as error:
@@ -160,7 +214,7 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
                     yield to_response(generation.request_id, delta)
         except InvalidRequest as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        except EngineFailure as error:
+        except EngineFailure as error:  # EngineUnavailable (the engine died) among them
             await context.abort(grpc.StatusCode[error.status], str(error))
         finally:
             self.in_flight -= 1
@@ -168,5 +222,9 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
     async def GetInfo(self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext):
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is still loading")
-        limits = {"max_in_flight": self.config.max_in_flight, **self.generator.limits()}
+        limits = {
+            "max_in_flight": self.config.max_in_flight,
+            "max_prompt_bytes": self.prompt_limits.max_prompt_bytes,
+            **self.generator.limits(),
+        }
         return info_response(self.name, self.generator.facts(), self.ceilings, limits)

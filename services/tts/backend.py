@@ -17,6 +17,10 @@ class QueueFullError(Exception):
     """Every worker is busy and `max_queue` requests already wait: the caller gets RESOURCE_EXHAUSTED."""
 
 
+class WorkerDiedError(RuntimeError):
+    """The model process serving the request died (the pool starts a new one): the caller gets UNAVAILABLE."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SynthesisRequest:
     request_id: str

@@ -49,6 +49,9 @@ class TTSConfig(ServingConfig):
         default=8, metadata={"help": "requests that may wait for a worker; more get RESOURCE_EXHAUSTED"}
     )
     max_text_chars: int = dataclasses.field(default=2000, metadata={"help": "longest text one request may carry"})
+    max_text_messages: int = dataclasses.field(
+        default=1000, metadata={"help": "text-in streaming: most text messages one request may send"}
+    )
     inference_timesteps: int = dataclasses.field(
         default=10, metadata={"help": "default diffusion steps per patch (requests may override)"}
     )
@@ -82,6 +85,7 @@ class TTSConfig(ServingConfig):
         require(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
         require(self.threads_per_worker >= 1, "threads_per_worker", f"must be >= 1, got {self.threads_per_worker}")
         require(self.max_queue >= 0, "max_queue", f"must be >= 0, got {self.max_queue}")
+        require(self.max_text_messages >= 1, "max_text_messages", f"must be >= 1, got {self.max_text_messages}")
         require(self.max_text_chars >= 1, "max_text_chars", f"must be >= 1, got {self.max_text_chars}")
         low, high = TIMESTEPS_RANGE
         require(

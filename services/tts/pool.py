@@ -10,6 +10,10 @@ Protocol over a pipe, every message tagged with the lease's job number:
                    ("ended", job, ...) after "end"; ("error", job, message) instead of a reply on failure.
 Cancelling a lease sets the worker's cancel event (checked after every patch) and sends "end"; the worker
 clears the event on "end", so the worker is free again one patch step after the cancel.
+
+A worker process that dies (killed, out of memory) fails only the request it was serving, with
+WorkerDiedError (UNAVAILABLE); the pool starts a new process in its place at once, whether it died busy or
+idle, and a dead idle worker still in the free queue is skipped when a request draws it.
 """
 
 from __future__ import annotations
@@ -22,20 +26,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from services.tts.backend import QueueFullError
+from services.tts.backend import QueueFullError, WorkerDiedError
 from services.tts.metrics import TTSMetrics
 
 log = logging.getLogger(__name__)
 
 
-class WorkerDiedError(RuntimeError):
-    pass
-
-
 class Worker:
     """One model process and the parent's end of its pipe."""
 
-    def __init__(self, index: int, target: Callable, spec: Any):
+    def __init__(self, index: int, target: Callable, spec: Any, on_exit: Callable[[Worker], None] | None = None):
         context = multiprocessing.get_context("spawn")  # fork would copy the parent's threads and torch state
         self.index = index
         self.conn, child_conn = context.Pipe()
@@ -46,6 +46,9 @@ class Worker:
         self.process.start()
         child_conn.close()
         self.job = 0
+        self.ready = False  # only a worker that started is replaced when it dies (no restart loop at start)
+        self.exited = False
+        self.on_exit = on_exit
         self.inbox: asyncio.Queue[tuple] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.conn.fileno(), self._readable)
@@ -56,10 +59,16 @@ class Worker:
                 self.inbox.put_nowait(self.conn.recv())
         except (EOFError, OSError):
             self._loop.remove_reader(self.conn.fileno())
+            self.exited = True
             self.inbox.put_nowait(("exit", None))
+            if self.on_exit is not None:
+                self.on_exit(self)
 
     def send(self, *message: Any) -> None:
-        self.conn.send(message)
+        try:
+            self.conn.send(message)
+        except (OSError, ValueError) as exc:  # the pipe is broken or closed: the process is gone
+            raise WorkerDiedError(f"worker {self.index} is gone ({type(exc).__name__})") from None
 
     async def receive(self, job: int | None = None) -> tuple:
         """The next message of `job` (replies to an earlier, abandoned job are dropped)."""
@@ -72,7 +81,7 @@ class Worker:
                 return message
 
     def close(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, WorkerDiedError):
             self._loop.remove_reader(self.conn.fileno())
             self.send("stop")
         self.process.join(10)
@@ -109,13 +118,15 @@ class WorkerPool:
         self._workers: list[Worker] = []
         self._waiting = 0
         self._recovering: set[asyncio.Task] = set()
+        self._stopping = False
 
     async def _spawn(self, index: int) -> tuple[Worker, Any]:
-        worker = Worker(index, self.target, self.spec)
+        worker = Worker(index, self.target, self.spec, self._worker_exited)
         self._workers.append(worker)
         message = await worker.receive()
         if message[0] != "ready":
             raise RuntimeError(f"worker {index} failed to start: {message}")
+        worker.ready = True
         return worker, message[1]
 
     async def start(self) -> Any:
@@ -126,7 +137,34 @@ class WorkerPool:
         self.metrics.workers.set(self.size)
         return started[0][1]
 
+    def _worker_exited(self, worker: Worker) -> None:
+        if self._stopping or not worker.ready or worker not in self._workers:
+            return
+        log.error("tts worker %d exited with %s; starting a new one", worker.index, worker.process.exitcode)
+        self.metrics.workers.dec()
+        self._background(self._replace(worker))
+
+    async def _replace(self, worker: Worker) -> None:
+        self._workers.remove(worker)
+        if worker.process.is_alive():  # it closed its pipe but hangs: make sure it is gone
+            worker.process.kill()
+        await asyncio.to_thread(worker.process.join, 10)
+        worker.close()
+        try:
+            replacement, _ = await self._spawn(worker.index)
+        except Exception:
+            log.exception("tts worker %d could not be replaced; serving with one fewer", worker.index)
+            return
+        self.metrics.workers.inc()
+        self._free.put_nowait(replacement)
+
+    def _background(self, work) -> None:
+        task = asyncio.create_task(work)
+        self._recovering.add(task)
+        task.add_done_callback(self._recovering.discard)
+
     async def stop(self) -> None:
+        self._stopping = True
         for task in list(self._recovering):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, 10)
@@ -148,6 +186,8 @@ class WorkerPool:
         started = time.perf_counter()
         try:
             worker = await self._free.get()
+            while worker.exited:  # died while idle: its replacement is on its way to the queue
+                worker = await self._free.get()
         finally:
             self._waiting -= 1
             self.metrics.queued_requests.set(self._waiting)
@@ -163,9 +203,7 @@ class WorkerPool:
             if finished:
                 self._release(worker)
             else:  # cancelled or failed mid-request: stop the worker's generation without holding up the caller
-                task = asyncio.create_task(self._recover(lease))
-                self._recovering.add(task)
-                task.add_done_callback(self._recovering.discard)
+                self._background(self._recover(lease))
 
     def _release(self, worker: Worker) -> None:
         self.metrics.busy_workers.dec()
@@ -179,12 +217,7 @@ class WorkerPool:
                 lease.send("end")
             while (await worker.receive(lease.job))[0] != "ended":
                 pass
-        except WorkerDiedError:
-            log.exception("tts worker %d died; starting a new one", worker.index)
+        except WorkerDiedError:  # replaced by _worker_exited
             self.metrics.busy_workers.dec()
-            self._workers.remove(worker)
-            worker.close()
-            replacement, _ = await self._spawn(worker.index)
-            self._free.put_nowait(replacement)
             return
         self._release(worker)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from services.tts.backend import QueueFullError, SpeechBackend, SynthesisRequest
+from services.tts.backend import QueueFullError, SpeechBackend, SynthesisRequest, WorkerDiedError
 from services.tts.config import CFG_RANGE, NATIVE_SAMPLE_RATE_HZ, OUTPUT_SAMPLE_RATES_HZ, TIMESTEPS_RANGE, TTSConfig
 from services.tts.metrics import TTSMetrics, tts_metrics
 from services.tts.phrases import PhraseSplitter
@@ -66,6 +66,12 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
     def add_to_server(self, server: grpc.aio.Server) -> None:
         tts_pb2_grpc.add_SpeechSynthesizerServicer_to_server(self, server)
 
+    def message_limits(self) -> tuple[int, int]:
+        """gRPC receive and send limits in bytes. Receive: 1 MiB plus 16 bytes per allowed character (4 times
+        the longest legal text in UTF-8), so an oversized text still gets the INVALID_ARGUMENT naming
+        max_text_chars. Send: one audio chunk is one 160 ms patch (30 KB of float32 at 48 kHz)."""
+        return (1 << 20) + 16 * self.config.max_text_chars, 4 << 20
+
     async def start(self, ceilings: DeviceCeilings) -> None:
         self.ceilings = ceilings
         await self.backend.start()
@@ -114,9 +120,9 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
             yield request.text
 
         try:
+            self._check_text_length(len(request.text))  # first: the length alone, before touching the text
             if not request.text.strip():
                 raise InvalidArgumentError("text", "must not be empty")
-            self._check_text_length(len(request.text))
             synthesis = self._request(request.config, whole_text())
         except InvalidArgumentError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -148,11 +154,16 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
     async def _read_text(self, request_iterator, phrases: asyncio.Queue) -> None:
         """Cut incoming text into phrases and queue them; an invalid message ends the request with its error."""
         splitter = PhraseSplitter(self.config.phrase_min_chars)
-        chars, queued = 0, 0
+        chars, queued, messages = 0, 0, 0
         try:
             async for message in request_iterator:
                 if message.WhichOneof("request") != "text":
                     raise InvalidArgumentError("config", "sent twice: every message after the first carries text")
+                messages += 1
+                if messages > self.config.max_text_messages:
+                    raise InvalidArgumentError(
+                        "text", f"more than max_text_messages {self.config.max_text_messages} text messages"
+                    )
                 chars += len(message.text.text)
                 self._check_text_length(chars)
                 ready = splitter.feed(message.text.text)
@@ -223,7 +234,9 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except InvalidArgumentError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except RuntimeError as exc:  # a worker failed or died; the pool replaces a dead one
+        except WorkerDiedError as exc:  # the model process died under this request; the pool replaces it
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; retry")
+        except RuntimeError as exc:  # a worker failed
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
         finally:
             metrics.segments.labels(method).inc(len(segments))

@@ -24,7 +24,8 @@ from voiceagent.serving.metrics import RpcMetricsInterceptor, service_metrics, s
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 64 << 20  # a minute of float32 audio at 48 kHz is 11 MB
+ENGINE_DEATH_GRACE_S = 1.0
+MAX_MESSAGE_BYTES = 64 << 20  # for a service that does not set its own (`message_limits`)
 
 
 class Service(Protocol):
@@ -43,6 +44,10 @@ class Service(Protocol):
     async def stop(self) -> None:
         """Release the engine after the server stopped taking RPCs."""
 
+    # Optional: `message_limits() -> (receive_bytes, send_bytes)`, the gRPC message size limits the service
+    # chose for its largest legal request; `failure: str`, set when its engine is gone (the process then
+    # exits non-zero after draining, so that its orchestrator restarts it).
+
 
 class Server:
     """One service's gRPC server, health, reflection and metrics endpoint."""
@@ -52,11 +57,13 @@ class Server:
         self.config = config
         self.metrics = service_metrics(service.name)
         self.metrics.init_methods(service.methods)
+        limits = getattr(service, "message_limits", None)
+        self.max_receive_bytes, self.max_send_bytes = limits() if limits else (MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES)
         self.grpc = grpc.aio.server(
             interceptors=[RpcMetricsInterceptor(self.metrics)],
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", self.max_receive_bytes),
+                ("grpc.max_send_message_length", self.max_send_bytes),
                 ("grpc.so_reuseport", 0),
             ],
         )
@@ -132,8 +139,13 @@ async def serve(service: Service, config: ServingConfig) -> None:
         await waiting
     else:
         starting.cancel()
-    print(f"{service.name}: draining (grace {config.grace_s:g} s)", flush=True)
-    await server.stop()
+    failure = getattr(service, "failure", "")
+    # After an engine death the open streams have already failed: a short drain, then out.
+    grace_s = min(config.grace_s, ENGINE_DEATH_GRACE_S) if failure else config.grace_s
+    print(f"{service.name}: draining (grace {grace_s:g} s)", flush=True)
+    await server.stop(grace_s)
+    if failure:
+        raise SystemExit(f"{service.name}: exiting with status 1: {failure}")
 
 
 def run(service: Service, config: ServingConfig) -> None:

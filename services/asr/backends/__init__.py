@@ -35,6 +35,8 @@ def load_backend(config: AsrConfig) -> RecognizerBackend:
         record_dir=config.record_encoder_dir,
         batch_wait_fraction=config.batch_wait_fraction,
         join_window_ms=config.join_window_ms,
+        offline_pass_s=config.offline_pass_s,
+        offline_slice_ms=config.offline_slice_ms,
     )
     if config.backend == "buffered":
         from services.asr.backends.nemo_buffered import BufferedBackend

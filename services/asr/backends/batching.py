@@ -8,6 +8,12 @@ chunk for streams about to be ready, and a new stream's first step waits up to `
 joining at the same moment (first steps cannot share a call with running streams). Steps are serialised
 by one device lock (two concurrent steps would only fight over the same cores or GPU). How a group is
 encoded — from per-stream caches or by re-encoding a window — is the subclass's `encode_group`.
+
+Offline clips (Recognize) up to `offline_pass_s` run as one encoder pass under that lock. A longer clip
+would hold it for seconds and stall every live stream, so it is stepped like a stream of its own, in an
+offline slot beside the live ones, for at most `offline_slice_ms` per hold of the lock; the lock is fair
+(first come, first served), so live steps that queued meanwhile run before its next slice. Stepping gives
+the streaming result, which for the cache-aware backend equals the offline pass (tests/asr/test_streaming.py).
 """
 
 from __future__ import annotations
@@ -36,6 +42,18 @@ from voiceagent.serving.metrics import service_metrics
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
 Arrival = tuple[np.ndarray | None, float]  # audio and when it arrived (time.perf_counter); None: the end
+OFFLINE_LANES = 1  # long clips stepped at once; more wait for the lane (each holds a cache slot)
+
+
+async def _finish_holding(work: asyncio.Future):
+    """Await `work` (a step in a worker thread) even when cancelled: the caller holds the device lock, and
+    releasing it while the thread still runs would let a second step use the model at the same time."""
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await work
+        raise
 
 
 class Stream:
@@ -118,6 +136,8 @@ class BatchingBackend:
         record_dir: str,
         batch_wait_fraction: float = 0.0,
         join_window_ms: float = 0.0,
+        offline_pass_s: float = float("inf"),
+        offline_slice_ms: float = 50.0,
     ):
         self.model = model
         self.source = source
@@ -126,12 +146,15 @@ class BatchingBackend:
         self.max_batch_streams = max_batch_streams
         self.batch_wait_fraction = batch_wait_fraction
         self.join_window_s = join_window_ms / 1000
+        self.offline_pass_samples = offline_pass_s * fc.SAMPLE_RATE
+        self.offline_slice_s = offline_slice_ms / 1000
+        self.slot_count = max_streams + OFFLINE_LANES  # the last OFFLINE_LANES slots step long offline clips
         self.record_dir = Path(record_dir) if record_dir else None
         self.shape = fc.encoder_shape(model)
         self.device = next(model.encoder.parameters()).device
         self.dtype = next(model.encoder.parameters()).dtype  # encoder and decoder compute in it; mel is float32
         self.detokenizer = fc.Detokenizer(model)
-        self.decoder = GreedyDecoder(model, max_streams + 1, self.device)  # + a scratch slot for padded rows
+        self.decoder = GreedyDecoder(model, self.slot_count + 1, self.device)  # + the padded rows' scratch slot
         self.chunk_ms_choices = tuple(fc.supported_chunk_ms(model))
         self.contexts = {chunk_ms: fc.context_for_chunk_ms(model, chunk_ms) for chunk_ms in self.chunk_ms_choices}
         self.streams: dict[int, list[Stream]] = {chunk_ms: [] for chunk_ms in self.chunk_ms_choices}
@@ -143,6 +166,9 @@ class BatchingBackend:
         # and a step (its batch sorted by slot) reads their caches as a view. A stack handed slots out in reverse
         # release order: from the second wave of streams on, a permutation, and every step copied the caches.
         self.free_slots = list(range(max_streams))
+        self.offline_slots: asyncio.Queue[int] = asyncio.Queue()
+        for slot in range(max_streams, self.slot_count):
+            self.offline_slots.put_nowait(slot)
         self.slot_freed = asyncio.Event()
         self.device_lock = asyncio.Lock()
         self.loops: list[asyncio.Task] = []
@@ -208,11 +234,13 @@ class BatchingBackend:
             "max_batch_streams": self.max_batch_streams,
             "batch_wait_fraction": self.batch_wait_fraction,
             "join_window_ms": self.join_window_s * 1000,
+            "offline_pass_s": self.offline_pass_samples / fc.SAMPLE_RATE,
+            "offline_slice_ms": self.offline_slice_s * 1000,
         }
 
     # --- streams -----------------------------------------------------------------------------------------
-    def _new_stream(self, settings: StreamSettings) -> Stream:
-        slot = heapq.heappop(self.free_slots)
+    def _new_stream(self, settings: StreamSettings, slot: int | None = None) -> Stream:
+        slot = heapq.heappop(self.free_slots) if slot is None else slot
         context = self.contexts[settings.chunk_ms]
         self.reset_slot(slot, context)
         self.decoder.reset(slot)
@@ -344,7 +372,7 @@ class BatchingBackend:
                         stream.in_step = True
                     try:
                         async with self.device_lock:
-                            updates = await asyncio.to_thread(self._step, batch)
+                            updates = await _finish_holding(asyncio.to_thread(self._step, batch))
                     except Exception as exc:  # an engine failure fails these streams, not the service
                         updates = [exc] * len(batch)
                     for stream, update in zip(batch, updates, strict=True):
@@ -441,8 +469,51 @@ class BatchingBackend:
 
     # --- offline -----------------------------------------------------------------------------------------
     async def transcribe(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
-        async with self.device_lock:
-            return await asyncio.to_thread(self._offline, settings, audio)
+        metrics.offline_requests.inc()
+        try:
+            if len(audio) <= self.offline_pass_samples:
+                async with self.device_lock:
+                    return await _finish_holding(asyncio.to_thread(self._offline, settings, audio))
+            return await self._transcribe_stepped(settings, audio)
+        finally:
+            metrics.offline_requests.dec()
+
+    async def _transcribe_stepped(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
+        """A long clip stepped chunk by chunk in an offline slot, one slice per hold of the device lock; a
+        cancelled call (client gone, deadline) stops at the end of the slice in progress."""
+        slot = await self.offline_slots.get()
+        try:
+            started = time.perf_counter()
+            stream = self._new_stream(settings, slot)
+            fed = 0
+            while not stream.closed or stream.mel_consumed < stream.mel_available():
+                async with self.device_lock:  # fair: live steps queued during the last slice go first
+                    fed = await _finish_holding(asyncio.to_thread(self._offline_slice, stream, audio, fed))
+            return OfflineResult(
+                transcript=stream.transcript,
+                token_ids=tuple(stream.token_ids),
+                audio_s=len(audio) / fc.SAMPLE_RATE,
+                processing_s=time.perf_counter() - started,
+            )
+        finally:
+            self.offline_slots.put_nowait(slot)
+
+    def _offline_slice(self, stream: Stream, audio: np.ndarray, fed: int) -> int:
+        """Steps of one offline stream until its audio is consumed or the slice's engine time is spent. The
+        clip is fed a second at a time, as it would stream in, so no step computes the features of the whole
+        clip at once. Returns how many samples have been fed."""
+        started = time.perf_counter()
+        while time.perf_counter() - started < self.offline_slice_s:
+            while not stream.closed and stream.mel_available() < stream.mel_consumed + self.chunk_mel(stream):
+                piece = audio[fed : fed + fc.SAMPLE_RATE]
+                fed += len(piece)
+                stream.append(piece, started)
+                if fed >= len(audio):
+                    stream.closed, stream.closed_at = True, time.perf_counter()
+            if stream.closed and stream.mel_consumed >= stream.mel_available():
+                break
+            self._step([stream])
+        return fed
 
     @torch.inference_mode()
     def _offline(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:

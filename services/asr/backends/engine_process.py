@@ -134,6 +134,9 @@ class EngineProcess:
             return await result
         finally:
             del self.offline[request_id]
+            # Cancelled (client gone, deadline; awaiting the future cancelled it too): stop the engine's work.
+            if (result.cancelled() or not result.done()) and not self.failure:
+                self.channel.send(("cancel-transcribe", request_id))
 
     def _check(self) -> None:
         if self.failure:
@@ -247,7 +250,7 @@ class _Engine:
         self.channel = channel
         self.audio: dict[int, asyncio.Queue] = {}
         self.tasks: dict[int, asyncio.Task] = {}
-        self.transcribing: set[asyncio.Task] = set()  # the loop keeps only weak references to tasks
+        self.transcribing: dict[int, asyncio.Task] = {}  # the loop keeps only weak references to tasks
 
     def dispatch(self, kind: str, *fields) -> None:
         if kind == "open":
@@ -267,9 +270,11 @@ class _Engine:
             if (task := self.tasks.get(fields[0])) is not None:
                 task.cancel()
         elif kind == "transcribe":
-            task = asyncio.create_task(self._transcribe(*fields))
-            self.transcribing.add(task)
-            task.add_done_callback(self.transcribing.discard)
+            request_id = fields[0]
+            self.transcribing[request_id] = task = asyncio.create_task(self._transcribe(*fields))
+            task.add_done_callback(lambda _, forget=request_id: self.transcribing.pop(forget, None))
+        elif kind == "cancel-transcribe" and (task := self.transcribing.get(fields[0])) is not None:
+            task.cancel()
 
     async def _stream(self, stream_id: int, settings: StreamSettings) -> None:
         try:
@@ -299,7 +304,7 @@ class _Engine:
         self.channel.send(("transcribed", request_id, result))
 
     async def stop(self) -> None:
-        running = [*self.tasks.values(), *self.transcribing]
+        running = [*self.tasks.values(), *self.transcribing.values()]
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)

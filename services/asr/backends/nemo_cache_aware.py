@@ -58,8 +58,8 @@ class CacheAwareBackend(BatchingBackend):
         for context in self.contexts.values():
             if context[0] not in self.pools:
                 encoder.set_default_att_context_size(context)
-                # One row more than streams: the scratch slot padded rows of a padded step read and write.
-                self.pools[context[0]] = encoder.get_initial_cache_state(self.max_streams + 1, dtype=dtype)
+                # One row past the slots (streams, offline lanes): the scratch slot padded rows read and write.
+                self.pools[context[0]] = encoder.get_initial_cache_state(self.slot_count + 1, dtype=dtype)
 
     def warm_up(self) -> None:
         super().warm_up()
@@ -73,7 +73,7 @@ class CacheAwareBackend(BatchingBackend):
         pool = None
         for chunk_ms in self.graph_chunks:
             for first in (False, True):
-                step = PaddedStep(self, chunk_ms, first, buckets, self.max_streams, self.cuda_graphs, pool)
+                step = PaddedStep(self, chunk_ms, first, buckets, self.slot_count, self.cuda_graphs, pool)
                 self.padded[chunk_ms, first] = step
                 pool = step.pool
         self.capture_s = time.perf_counter() - started

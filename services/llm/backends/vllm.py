@@ -13,6 +13,7 @@ import gc
 import hashlib
 import logging
 import os
+import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -30,6 +31,7 @@ try:
     from vllm.renderers.inputs.preprocess import parse_model_prompt
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError
     from vllm.v1.metrics.loggers import StatLoggerBase
     from vllm.v1.metrics.prometheus import get_prometheus_registry
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -42,6 +44,7 @@ from services.llm import metrics
 from services.llm.backend import (
     ChatTurn,
     Completion,
+    EngineUnavailable,
     GenerationRequest,
     InvalidRequest,
     Timings,
@@ -55,6 +58,17 @@ from voiceagent.serving.metrics import service_metrics
 log = logging.getLogger(__name__)
 
 GIB = 1 << 30
+ENGINE_WATCH_S = 0.5  # how often the engine core's liveness is checked while no request would notice
+
+
+def longest_token_bytes(tokenizer) -> int:
+    """The most prompt bytes one vocabulary entry stands for: what the tokenizer's decoder makes of it (Qwen3:
+    128), else its own UTF-8 length (byte-level BPE writes a byte as one character of 1-2 UTF-8 bytes: an
+    over-count, the safe side of a bound). A lone continuation byte decodes to U+FFFD: over-counted too."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if decoder is None:
+        return max(len(token.encode("utf-8")) for token in tokenizer.get_vocab())
+    return max(len(decoder.decode([token]).encode("utf-8")) for token in tokenizer.get_vocab())
 
 
 def stage_model_dir(config: LlmConfig) -> str:
@@ -172,6 +186,9 @@ class VllmGenerator:
         self.work = service_metrics("llm")
         self.vocab_size = 0
         self.max_model_len = 0
+        self.longest_token_bytes = 0
+        self.failure = ""
+        self._watch: asyncio.Task | None = None
 
     async def start(self) -> None:
         # Building the engine blocks for tens of seconds (it spawns and warms the engine core); a thread keeps
@@ -194,7 +211,25 @@ class VllmGenerator:
         self.tokenizer = self.engine.get_tokenizer()
         self.vocab_size = model_config.get_vocab_size()
         self.max_model_len = model_config.max_model_len
+        self.longest_token_bytes = await asyncio.to_thread(longest_token_bytes, self.tokenizer)
         await self._warm_up()
+        self._watch = asyncio.create_task(self._watch_engine())
+
+    async def _watch_engine(self) -> None:
+        """Notices the engine core dying even with no request in flight (in-flight ones see EngineDeadError)."""
+        while self.engine is not None and not self.engine.errored:
+            await asyncio.sleep(ENGINE_WATCH_S)
+        if self.engine is not None:
+            self._engine_died("the engine core stopped")
+
+    def _engine_died(self, why: str) -> None:
+        """Fail this process so that its orchestrator starts a fresh one: the runtime drains (health turns
+        NOT_SERVING) and exits non-zero because `failure` is set."""
+        if self.failure:
+            return
+        self.failure = f"the LLM engine is gone ({why}); the service is restarting"
+        log.error("%s: draining and exiting", self.failure)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     async def _warm_up(self) -> None:
         """One short request, so the first real one does not pay for lazy initialisation."""
@@ -203,6 +238,8 @@ class VllmGenerator:
             pass
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
         if self.engine is None and self._building is not None:
             with contextlib.suppress(Exception):
                 self.engine = await self._building
@@ -252,7 +289,14 @@ class VllmGenerator:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
         received = time.perf_counter()
         sampling = request.sampling
-        prompt_ids = self._prompt_ids(request.prompt)
+        if self.failure or self.engine.errored:
+            raise EngineUnavailable(self.failure or "the LLM engine is gone; the service is restarting")
+        if isinstance(request.prompt, tuple) and request.prompt and not isinstance(request.prompt[0], ChatTurn):
+            prompt_ids = list(request.prompt)  # token ids: nothing to tokenise
+        else:
+            # Tokenising (and a chat template) takes ~1 ms per KB; off the event loop, other streams keep going
+            # (the tokenizers library releases the interpreter lock while it encodes).
+            prompt_ids = await asyncio.to_thread(self._prompt_ids, request.prompt)
         if not prompt_ids:
             raise InvalidRequest("prompt", "is empty after tokenisation")
         prompt_len = len(prompt_ids)
@@ -324,6 +368,8 @@ class VllmGenerator:
         try:
             async for output in stream:
                 yield output
+        except EngineDeadError as error:
+            raise EngineUnavailable(f"the LLM engine died mid-request ({type(error).__name__}); retry") from None
         except VLLMClientError as error:
             raise InvalidRequest(f"sampling.{error.parameter}" if error.parameter else "request", str(error)) from None
         finally:

@@ -1,0 +1,185 @@
+"""One client's request never holds up another's: oversized prompts are refused on their length before any
+tokenising, legal ones are tokenised off the event loop, a client deadline frees the engine, and an engine
+core that dies fails its streams with UNAVAILABLE and takes the service down (non-zero) for a restart.
+
+The module runs its own tiny-preset service; the engine-death test kills it, so it runs last.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import multiprocessing
+import os
+import signal
+import statistics
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from tests.harness import child_processes, running_service, venv_python
+from tests.llm.conftest import TEST_ARGS, TEST_ENV, generate, metric, scrape
+from voiceagent.v1 import llm_pb2, llm_pb2_grpc
+
+MAX_MODEL_LEN = 512  # TEST_ARGS
+QWEN3_LONGEST_TOKEN_BYTES = 128
+MAX_PROMPT_BYTES = MAX_MODEL_LEN * QWEN3_LONGEST_TOKEN_BYTES
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with running_service("services.llm", venv_python("llm"), ["--preset", "tiny", *TEST_ARGS], TEST_ENV) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def stub(llm):
+    with grpc.insecure_channel(llm.address, options=[("grpc.max_send_message_length", 64 << 20)]) as channel:
+        yield llm_pb2_grpc.TextGeneratorStub(channel)
+
+
+def _small(stub) -> tuple[float, list[float]]:
+    """Time to first token of a 5-character prompt, and the gaps between its tokens (engine steps)."""
+    started = time.perf_counter()
+    arrivals = []
+    request = llm_pb2.GenerateRequest(
+        text="hello", sampling=llm_pb2.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    )
+    for _ in stub.Generate(request, timeout=30):
+        arrivals.append(time.perf_counter())
+    return arrivals[0] - started, [later - earlier for earlier, later in zip(arrivals, arrivals[1:], strict=False)]
+
+
+@pytest.mark.parametrize("megabytes", [8, 32])
+def test_an_oversized_text_prompt_is_refused_at_once_naming_the_limit(stub, megabytes):
+    started = time.perf_counter()
+    with pytest.raises(grpc.RpcError) as error:
+        generate(stub, text="x" * (megabytes << 20))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"max_prompt_bytes {MAX_PROMPT_BYTES}" in error.value.details()
+    assert "prompt.text" in error.value.details()
+    assert time.perf_counter() - started < 2.0  # sending 32 MB over loopback included
+
+
+def test_chat_contents_count_together_and_token_ids_against_max_model_len(stub):
+    half = "y" * (MAX_PROMPT_BYTES // 2 + 1)
+    chat = llm_pb2.Chat(messages=[llm_pb2.ChatMessage(role="user", content=half)] * 2)
+    with pytest.raises(grpc.RpcError) as error:
+        generate(stub, chat=chat)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prompt.chat.messages[1].content" in error.value.details() and "max_prompt_bytes" in error.value.details()
+    with pytest.raises(grpc.RpcError) as error:
+        generate(stub, token_ids=llm_pb2.TokenIds(ids=[1] * (MAX_MODEL_LEN + 1)))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"exceed max_model_len {MAX_MODEL_LEN}" in error.value.details()
+
+
+def test_a_prompt_under_the_byte_limit_but_too_many_tokens_is_refused_after_tokenising(stub):
+    with pytest.raises(grpc.RpcError) as error:
+        generate(stub, text="word " * (MAX_PROMPT_BYTES // 5 - 1))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "exceeds the model's max length" in error.value.details()
+
+
+def send_hostile(address: str, kind: str, duration_s: float) -> int:
+    """Send one kind of hostile prompt for `duration_s`; each must be refused. Returns how many were sent."""
+    text = "z" * (32 << 20) if kind == "huge" else "word " * (MAX_PROMPT_BYTES // 5 - 1)
+    options = [("grpc.max_send_message_length", 64 << 20)]
+    sent, deadline = 0, time.monotonic() + duration_s
+    with grpc.insecure_channel(address, options=options) as channel:
+        stub = llm_pb2_grpc.TextGeneratorStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                generate(stub, text=text)
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+                sent += 1
+    return sent
+
+
+def test_hostile_prompts_do_not_delay_a_small_request(stub, llm):
+    """Normal p95 time to first token of a small request, then the same request while other clients keep
+    sending 32 MB prompts and prompts just under the byte limit (tokenised, then too long)."""
+    for _ in range(3):
+        _small(stub)  # warm
+    normal, gaps = [], []
+    for _ in range(20):
+        ttft, step_gaps = _small(stub)
+        normal.append(ttft)
+        gaps += step_gaps
+    p95 = statistics.quantiles(normal, n=20)[-1]
+    engine_step = statistics.median(gaps)
+
+    # Hostile clients in their own processes: building and sending 32 MB in this one would slow the
+    # measuring client, not the service.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
+        running = [pool.submit(send_hostile, llm.address, kind, 6.0) for kind in ("huge", "just-under")]
+        time.sleep(2.0)  # the workers start and begin sending
+        during = [_small(stub)[0] for _ in range(10)]
+        hostile_sent = [future.result() for future in running]
+    assert all(hostile_sent), f"hostile requests refused per client: {hostile_sent}"
+    assert statistics.median(during) <= p95 + engine_step, (
+        f"small request TTFT under hostile prompts: median {statistics.median(during) * 1000:.1f} ms, "
+        f"normal p95 {p95 * 1000:.1f} ms + one engine step {engine_step * 1000:.1f} ms"
+    )
+
+
+def _wait_idle(url: str, timeout_s: float = 20) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = scrape(url)
+        busy = [
+            metric(samples, "voiceagent_llm_requests_running"),
+            metric(samples, "voiceagent_llm_requests_waiting"),
+            metric(samples, "voiceagent_llm_rpc_in_flight", method="Generate"),
+        ]
+        if not any(busy) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.2)
+
+
+def test_a_client_deadline_stops_the_engine_request_and_frees_its_slot(stub, llm):
+    before = scrape(llm.metrics_url)
+    request = llm_pb2.GenerateRequest(
+        text="go on", sampling=llm_pb2.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+    )
+    with pytest.raises(grpc.RpcError) as error:
+        for _ in stub.Generate(request, timeout=0.5):
+            pass
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    samples = _wait_idle(llm.metrics_url)
+    assert metric(samples, "voiceagent_llm_requests_running") == 0
+    assert metric(samples, "voiceagent_llm_rpc_in_flight", method="Generate") == 0
+    # The engine stopped generating for it: far fewer than its 400 tokens were made.
+    generated = metric(samples, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
+    assert generated < 400
+
+
+def test_a_dead_engine_core_fails_streams_with_unavailable_and_the_service_exits_non_zero(stub, llm):
+    """Runs last: it ends the module's service."""
+    request = llm_pb2.GenerateRequest(
+        text="a long answer", sampling=llm_pb2.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+    )
+    call = stub.Generate(request, timeout=60)
+    next(call)  # streaming
+    (core,) = child_processes(llm.proc.pid, lambda command: command.startswith(b"VLLM::EngineCore"))
+    os.kill(core, signal.SIGKILL)
+    killed_at = time.monotonic()
+    with pytest.raises(grpc.RpcError) as error:
+        for _ in call:
+            pass
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "LLM engine" in error.value.details()
+    seen_not_serving = False
+    while llm.proc.poll() is None and time.monotonic() - killed_at < 20:
+        with contextlib.suppress(grpc.RpcError):  # its port may be closing
+            seen_not_serving |= llm.health() == health_pb2.HealthCheckResponse.NOT_SERVING
+        time.sleep(0.05)
+    assert llm.proc.poll() is not None, "the service kept running without its engine"
+    assert llm.proc.returncode != 0
+    assert time.monotonic() - killed_at < 15
+    assert seen_not_serving or "draining" in llm.output()
+    assert "exiting with status 1" in llm.output()
