@@ -31,7 +31,7 @@ from pathlib import Path
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.processes import ServiceProcess
+from loadgen.processes import ServiceProcess, service_process
 from loadgen.report import run_folder
 from voiceagent.v1 import llm_pb2, llm_pb2_grpc
 
@@ -182,7 +182,7 @@ def _busy(url: str, gauges: tuple[str, ...]) -> dict[str, float]:
 def run_soak(args: argparse.Namespace) -> dict:
     folder = run_folder(args.reports, "soak")
     preset = ["--preset", args.preset] if args.preset else []
-    services = {name: ServiceProcess(name, folder / f"{name}.log", [*preset, "--probe-ceilings", "false"])
+    services = {name: service_process(name, folder / f"{name}.log", [*preset, "--probe-ceilings", "false"])
                 for name in SERVICES}  # fmt: skip
     sweeps: list[subprocess.Popen] = []
     disruptor = Disruptor(services, args.disrupt_every_s)
