@@ -170,7 +170,7 @@ def test_connection_refused_is_unavailable_and_the_service_still_serves():
     try:
         error = failure(service.stub, "hello")
         assert error.code() == grpc.StatusCode.UNAVAILABLE and "ConnectError" in error.details()
-        assert any("upstream not ready" in line for line in service.service.lines)
+        assert "upstream not ready" in service.service.output()
     finally:
         service.stop()
 
