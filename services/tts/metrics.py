@@ -64,6 +64,12 @@ class TTSMetrics:
             "Prefill work done between two batched steps (the running requests wait for it)",
             buckets=LATENCY_BUCKETS_S,
         )
+        self.first_patch_steps = Histogram(
+            f"{PREFIX}_first_patch_steps",
+            "Batched steps from a segment's text reaching the engine to its first patch, its own step included "
+            "(1: prefilled at the next step boundary; 2: it also waited for the step in flight)",
+            buckets=BATCH_BUCKETS,
+        )
         for method in METHODS:
             for labelled in (self.time_to_first_audio, self.inter_chunk, self.real_time_factor, self.segments):
                 labelled.labels(method)

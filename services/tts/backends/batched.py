@@ -180,6 +180,8 @@ class BatchedBackend:
                     while not isinstance(message := await inbox.get(), SegmentDone):
                         if isinstance(message, Failed):
                             raise RuntimeError(f"TTS engine: {message.message}")
+                        if message.waited_steps:
+                            self.metrics.first_patch_steps.observe(message.waited_steps)
                         audio, samples = formatter.convert(message.audio)
                         yield AudioPiece(audio, samples, index, 1, queue_s)
                     generation_s += time.perf_counter() - started

@@ -80,6 +80,9 @@ class Patch:
     request_id: int
     segment_index: int
     audio: np.ndarray  # float32 at the native rate, one patch
+    # on a segment's first patch: steps finished since its text reached the engine, its own included
+    # (1: it started at the next step boundary; 2: it also waited for the step in flight)
+    waited_steps: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +120,7 @@ class _Request:
     patches: int = 0
     limit: int = 0
     context: int = 0  # tokens the LMs have cached for this segment
+    queued_at_step: int = 0  # the engine's step count when the segment's text was ready to prefill
     left: bool = False
 
 
@@ -129,6 +133,7 @@ class _Scheduler:
         self.running: list[_Request] = []
         self.wake = asyncio.Event()
         self.last_step_s = 0.0
+        self.steps = 0
 
     def dispatch(self, message) -> None:
         import torch
@@ -140,10 +145,14 @@ class _Scheduler:
             if (request := self.requests.get(message.request_id)) is not None:
                 request.texts.append((message.segment_index, message.text))
                 if request not in self.waiting and request not in self.running:
-                    self.waiting.append(request)
+                    self._queue(request)
         elif isinstance(message, Leave) and (request := self.requests.get(message.request_id)) is not None:
             request.left = True
         self.wake.set()
+
+    def _queue(self, request: _Request) -> None:
+        request.queued_at_step = self.steps
+        self.waiting.append(request)
 
     def _reap(self) -> None:
         """Free the slots of requests that left; called between steps only (a step may be writing them)."""
@@ -219,6 +228,7 @@ class _Scheduler:
                 request.left = True
             return
         self.last_step_s = time.perf_counter() - started
+        self.steps += 1
         flops, read_bytes = self.work.per_step([r.context for r in batch], timesteps)
         self.channel.send(Stepped(len(batch), self.last_step_s, flops, read_bytes, prefill_s))
         audio = audio.numpy()
@@ -228,12 +238,13 @@ class _Scheduler:
             request.context += 1
             if request.left:
                 continue
-            self.channel.send(Patch(request.join.request_id, request.segment_index, samples))
+            waited = self.steps - request.queued_at_step if index == 0 else 0
+            self.channel.send(Patch(request.join.request_id, request.segment_index, samples, waited))
             if (stop and index > 2) or request.patches >= request.limit:
                 self.running.remove(request)
                 self.channel.send(SegmentDone(request.join.request_id, request.segment_index, request.patches))
                 if request.texts:
-                    self.waiting.append(request)
+                    self._queue(request)
 
 
 def engine_main(spec: EngineSpec, sock: socket.socket) -> None:
