@@ -21,6 +21,7 @@ FLOPs and bytes per step and per second — what bounds the step.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import threading
@@ -33,13 +34,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
 from services.tts.config import TTSConfig
 from tests.harness import running_service, venv_python
-from voiceagent.v1 import tts_pb2, tts_pb2_grpc
+from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
 TEXT = "Streaming speech starts before the sentence ends."
 SEED = 1
 
 # Where the models run: set once from --device / --compile, used by every direct copy and every service.
-PLACEMENT = {"device": "cpu", "compile": False}
+PLACEMENT = {"device": "cpu", "compile": False, "cache_positions": 2048}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -120,7 +121,7 @@ def direct_copies(preset: str, processes: int, threads: int, text: str, requests
     return Level(runs, elapsed)
 
 
-def batched_engine(preset: str, threads: int, max_batch: int):
+def batched_engine(preset: str, threads: int, max_batch: int, cache_positions: int):
     """A closure running C requests through the batched engine in this process, `requests` rounds."""
     import torch
 
@@ -129,7 +130,7 @@ def batched_engine(preset: str, threads: int, max_batch: int):
 
     spec = WorkerSpec.from_config(TTSConfig(preset=preset, threads_per_worker=threads, **PLACEMENT))
     torch.set_num_threads(threads)
-    engine = BatchedVoxCPM(load_model(spec), max_batch)
+    engine = BatchedVoxCPM(load_model(dataclasses.replace(spec, compile=False)), max_batch, cache_positions)
     tokens = engine.text_tokens(TEXT)
     limit = engine.patch_limit(len(tokens), segment_max_len(spec, TEXT))
     rate = engine.model.sample_rate
@@ -154,6 +155,10 @@ def batched_engine(preset: str, threads: int, max_batch: int):
 
     run(1, 1)
     run(max_batch, 1)  # warm-up at both ends
+    if engine.device.type == "cuda":  # as the service does
+        from services.tts.backends.batched_engine import graph_buckets
+
+        engine.capture_graphs(graph_buckets(max_batch), 10, 2.0)
     return run
 
 
@@ -171,6 +176,7 @@ def service_run(stub, text: str) -> tuple[float, float, float]:
 def service_args(preset: str, backend: str, threads: int, workers: int, max_batch: int) -> list[str]:
     return [
         "--preset", preset, "--backend", backend, "--workers", str(workers), "--max-batch", str(max_batch),
+        "--cache-positions", str(PLACEMENT["cache_positions"]),
         "--threads-per-worker", str(threads), "--max-queue", str(4 * max_batch), "--probe-ceilings", "false",
         "--device", PLACEMENT["device"], "--compile", str(PLACEMENT["compile"]).lower(),
     ]  # fmt: skip
@@ -228,9 +234,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="direct runs at C=1")
     parser.add_argument("--skip", default="", help="paths to leave out: pool,direct,engine")
     parser.add_argument("--device", default="cpu", help="torch device of every model (cuda on a GPU)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile + CUDA graphs (CUDA only)")
+    parser.add_argument("--compile", action="store_true", help="pool and direct: torch.compile + CUDA graphs")
+    parser.add_argument("--cache-positions", type=int, default=2048, help="batched: cache positions per slot")
     args = parser.parse_args()
-    PLACEMENT.update(device=args.device, compile=args.compile)
+    PLACEMENT.update(device=args.device, compile=args.compile, cache_positions=args.cache_positions)
     levels = [int(c) for c in args.concurrency.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     top = max(levels)
@@ -243,6 +250,26 @@ def main() -> None:
     )
     rows: dict[int, list[str]] = {c: [] for c in levels}
     steps: list[str] = []
+    python = venv_python("tts")
+    with (
+        running_service("services.tts", python, service_args(args.preset, "batched", args.threads, 1, top)) as service,
+        grpc.insecure_channel(service.address) as channel,
+    ):
+        stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
+        service_run(stub, TEXT)  # connection and first-request warm-up
+        shape = stub.GetInfo(common_pb2.InfoRequest()).model.shape
+        print(
+            f"batched service: {shape['graph_buckets']:.0f} CUDA graphs captured at start-up in "
+            f"{shape['graph_capture_s']:.1f} s, {shape['cache_positions']:.0f} cache positions per slot",
+            flush=True,
+        )
+        for concurrency in levels:
+            before = counters(service.metrics_url)
+            rows[concurrency].append(
+                service_level(stub, concurrency, args.requests).row("batched service", concurrency)
+            )
+            steps.append(step_counters(before, counters(service.metrics_url), concurrency))
+            print(rows[concurrency][-1], flush=True)
     if "direct" not in skip:
         direct = direct_runs(args.preset, args.threads, TEXT)
         runs = []
@@ -255,23 +282,9 @@ def main() -> None:
             copies = direct_copies(args.preset, args.pool_workers, args.threads, TEXT, args.requests)
             rows[args.pool_workers].append(copies.row(f"VoxCPM direct x{args.pool_workers}", args.pool_workers))
     if "engine" not in skip:
-        engine = batched_engine(args.preset, args.threads, top)
+        engine = batched_engine(args.preset, args.threads, top, args.cache_positions)
         for concurrency in levels:
             rows[concurrency].append(engine(concurrency, args.requests).row("batched engine direct", concurrency))
-    python = venv_python("tts")
-    with (
-        running_service("services.tts", python, service_args(args.preset, "batched", args.threads, 1, top)) as service,
-        grpc.insecure_channel(service.address) as channel,
-    ):
-        stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
-        service_run(stub, TEXT)  # connection and first-request warm-up
-        for concurrency in levels:
-            before = counters(service.metrics_url)
-            rows[concurrency].append(
-                service_level(stub, concurrency, args.requests).row("batched service", concurrency)
-            )
-            steps.append(step_counters(before, counters(service.metrics_url), concurrency))
-            print(rows[concurrency][-1], flush=True)
     if "pool" not in skip:
         with (
             running_service(

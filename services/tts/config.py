@@ -47,6 +47,12 @@ class TTSConfig(ServingConfig):
     max_batch: int = dataclasses.field(
         default=32, metadata={"help": "batched: requests stepped together (cache slots of the one model)"}
     )
+    cache_positions: int = dataclasses.field(
+        default=2048, metadata={"help": "batched: K/V cache positions per slot (text tokens + patches of a segment)"}
+    )
+    cuda_graphs: bool = dataclasses.field(
+        default=True, metadata={"help": "batched on CUDA: capture the step per batch-size bucket at start-up"}
+    )
     workers: int = dataclasses.field(
         default=1, metadata={"help": "pool: model instances, each serving one request at a time"}
     )
@@ -89,6 +95,7 @@ class TTSConfig(ServingConfig):
         )
         require(self.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         require(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
+        require(self.cache_positions >= 64, "cache_positions", f"must be >= 64, got {self.cache_positions}")
         require(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
         require(self.threads_per_worker >= 1, "threads_per_worker", f"must be >= 1, got {self.threads_per_worker}")
         require(self.max_queue >= 0, "max_queue", f"must be >= 0, got {self.max_queue}")

@@ -46,7 +46,9 @@ log = logging.getLogger(__name__)
 class BatchedBackend:
     def __init__(self, config: TTSConfig, metrics: TTSMetrics):
         self.config = config
-        self.spec = EngineSpec(WorkerSpec.from_config(config), config.max_batch)
+        self.spec = EngineSpec(
+            WorkerSpec.from_config(config), config.max_batch, config.cache_positions, config.cuda_graphs
+        )
         self.metrics = metrics
         self.work = service_metrics("tts")
         self.facts: ModelFacts | None = None

@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 class EngineSpec:
     model: WorkerSpec
     max_batch: int
+    cache_positions: int = 2048
+    cuda_graphs: bool = True  # on a CUDA device: capture the step per batch bucket at start-up
+
+
+def graph_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to max_batch, and max_batch itself: a batch replays the smallest bucket holding it."""
+    return sorted({*(2**i for i in range(max_batch.bit_length()) if 2**i <= max_batch), max_batch})
 
 
 # -- gRPC process → engine ---------------------------------------------------------------------------------
@@ -267,11 +274,23 @@ def _build(spec: EngineSpec):
     model = load_model(dataclasses.replace(spec.model, compile=False))  # its compiled steps are batch-1 only
     work = voxcpm_model.PatchWork(model.config, *voxcpm_model.vae_patch_work(model))
     payload = ready_payload(model, spec.model, work)  # before the engine replaces the VAE's streaming hooks
-    engine = BatchedVoxCPM(model, spec.max_batch)
+    engine = BatchedVoxCPM(model, spec.max_batch, spec.cache_positions)
     for rows in sorted({1, spec.max_batch}):  # warm-up: first calls allocate
         engine.prefill(0, engine.text_tokens("Warm up."))
         noise = torch.zeros(rows, engine.feat_dim, engine.patch_size)
         engine.step(list(range(rows)), [spec.model.timesteps] * rows, [spec.model.cfg_value] * rows, noise)
+    payload["shape"] |= {"cache_positions": engine.max_length, "graph_buckets": 0, "graph_capture_s": 0.0}
+    if spec.cuda_graphs and engine.device.type == "cuda":
+        started = time.perf_counter()
+        buckets = graph_buckets(spec.max_batch)
+        try:
+            engine.capture_graphs(buckets, spec.model.timesteps, spec.model.cfg_value)
+        except Exception:  # serve eagerly rather than not at all; the log says why
+            log.exception("CUDA graph capture failed; the engine steps eagerly")
+            engine.graphs.clear()
+        capture_s = time.perf_counter() - started
+        log.info("captured %d CUDA graphs (buckets %s) in %.1f s", len(engine.graphs), buckets, capture_s)
+        payload["shape"] |= {"graph_buckets": len(engine.graphs), "graph_capture_s": round(capture_s, 2)}
     return engine, work, payload
 
 

@@ -33,13 +33,20 @@ MIN_PATCHES = 2  # VoxCPM2's min_len: the stop head is not obeyed before patch 3
 BADCASE_RATIO = 6.0  # VoxCPM2 caps a generation at 6 patches per text token + 10
 
 
-def _lm_step(lm: MiniCPMModel, cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, x: torch.Tensor):
+def _lm_step(
+    lm: MiniCPMModel,
+    cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    x: torch.Tensor,
+    length: int | None = None,
+):
     """One decoder position for each row: `x` [B, hidden] at `positions` [B] of cache rows `slots` [B].
 
-    cache: [layers, 2 (k, v), slots, kv_heads, max_length, head_dim]. Attention reads positions up to the
-    longest row's; shorter rows mask the rest.
+    cache: [layers, 2 (k, v), slots, kv_heads, positions, head_dim]. Attention reads positions up to the
+    longest row's (or `length`, fixed for a CUDA graph); shorter rows mask the rest.
     """
-    length = int(positions.max()) + 1
+    length = length or int(positions.max()) + 1
     mask = (torch.arange(length, device=x.device) <= positions[:, None]).view(-1, 1, 1, length)
     position_emb = None
     if lm.rope_emb is not None:
@@ -109,15 +116,20 @@ class _SlotVAEState:
 
 
 class BatchedVoxCPM:
-    """The model's modules driven for `slots` requests at once (see the module docstring)."""
+    """The model's modules driven for `slots` requests at once (see the module docstring).
 
-    def __init__(self, model: VoxCPM2Model, slots: int):
+    `cache_positions` caps each slot's cache (text tokens + patches; VoxCPM2's own max_length of 8,192 is
+    240 MB per slot at its real shape). One extra slot, `scratch`, takes the padding rows of a CUDA graph.
+    """
+
+    def __init__(self, model: VoxCPM2Model, slots: int, cache_positions: int = 0):
         self.model = model
         self.slots = slots
+        self.scratch = slots
         config = model.config
         self.device = torch.device(model.device)
         self.dtype = next(model.base_lm.parameters()).dtype
-        self.max_length = config.max_length
+        self.max_length = min(config.max_length, cache_positions or config.max_length)
         self.patch_size, self.feat_dim = model.patch_size, model.feat_dim
         hidden = config.lm_config.hidden_size
         self.scale_emb = config.lm_config.scale_emb if config.lm_config.use_mup else 1.0
@@ -125,7 +137,7 @@ class BatchedVoxCPM:
             name: torch.zeros(
                 lm.config.num_hidden_layers,
                 2,
-                slots,
+                slots + 1,
                 lm.config.num_key_value_heads,
                 self.max_length,
                 lm.config.kv_channels or hidden // lm.config.num_attention_heads,
@@ -136,12 +148,18 @@ class BatchedVoxCPM:
         }
         # the LMs' own batch-1 caches are not used: free them
         model.base_lm.kv_cache = model.residual_lm.kv_cache = None
-        self.lm_hidden = torch.zeros(slots, hidden, device=self.device, dtype=self.dtype)
+        self.lm_hidden = torch.zeros(slots + 1, hidden, device=self.device, dtype=self.dtype)
         self.residual_hidden = torch.zeros_like(self.lm_hidden)
-        self.condition = torch.zeros(slots, self.patch_size, self.feat_dim, device=self.device, dtype=self.dtype)
-        self.positions = torch.zeros(slots, dtype=torch.long, device=self.device)
-        self.vae_state = _SlotVAEState(model.audio_vae.decoder, slots, self.device)
+        self.condition = torch.zeros(slots + 1, self.patch_size, self.feat_dim, device=self.device, dtype=self.dtype)
+        self.positions = torch.zeros(slots + 1, dtype=torch.long, device=self.device)
+        self.vae_state = _SlotVAEState(model.audio_vae.decoder, slots + 1, self.device)
+        vae = model.audio_vae
+        self.sample_rate_condition = torch.tensor(
+            [getattr(vae, "out_sample_rate", vae.sample_rate)], device=self.device, dtype=torch.int32
+        )
         self._t_spans: dict[int, torch.Tensor] = {}
+        self.graphs: dict[int, _GraphedStep] = {}  # by batch bucket, see capture_graphs
+        self.graph_timesteps = 0
 
     # -- per request ------------------------------------------------------------------------------------
     def text_tokens(self, text: str) -> list[int]:
@@ -200,14 +218,39 @@ class BatchedVoxCPM:
 
         noise: [rows, feat_dim, patch_size]. A row whose stop head fires (or that reached its limit) is done
         after this patch; its LM positions advance anyway (harmless: the slot is prefilled afresh before use).
+        A batch whose rows all use the captured step count replays the CUDA graph of the smallest bucket that
+        holds it (padding rows step the scratch slot); any other batch runs eagerly.
         """
+        rows = len(slots)
+        bucket = next((b for b in sorted(self.graphs) if b >= rows), 0)
+        if bucket and all(t == self.graph_timesteps for t in timesteps):
+            graph = self.graphs[bucket]
+            graph.rows[:rows].copy_(torch.tensor(slots), non_blocking=False)
+            graph.rows[rows:].fill_(self.scratch)
+            graph.noise[:rows].copy_(noise)
+            graph.cfg[:rows, 0, 0].copy_(torch.tensor(cfg_values))
+            graph.graph.replay()
+            audio, stop = graph.audio[:rows], graph.stop[:rows]
+        else:
+            device_rows = torch.tensor(slots, dtype=torch.long, device=self.device)
+            cfg = torch.tensor(cfg_values, device=self.device, dtype=self.dtype).view(-1, 1, 1)
+            audio, stop = self._advance(device_rows, noise.to(self.device, self.dtype), cfg, timesteps)
+        return audio.cpu(), [flag == 1 for flag in stop.tolist()]
+
+    def _advance(
+        self,
+        rows: torch.Tensor,
+        noise: torch.Tensor,
+        cfg: torch.Tensor,
+        timesteps: list[int],
+        length: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step on the device: (audio [rows, samples] float32, stop-head argmax [rows]). Shape-static
+        when `length` is given (attention over that many positions): what a CUDA graph captures."""
         model = self.model
-        rows = torch.tensor(slots, dtype=torch.long, device=self.device)
-        noise = noise.to(self.device, self.dtype)
         lm_hidden, residual_hidden = self.lm_hidden[rows], self.residual_hidden[rows]
         mu = torch.cat((model.lm_to_dit_proj(lm_hidden), model.res_to_dit_proj(residual_hidden)), dim=-1)
         condition = self.condition[rows].transpose(1, 2).contiguous()
-        cfg = torch.tensor(cfg_values, device=self.device, dtype=self.dtype).view(-1, 1, 1)
         groups = sorted(set(timesteps))
         patches = torch.empty_like(noise)
         for steps in groups:
@@ -227,13 +270,48 @@ class BatchedVoxCPM:
         embed = model.enc_to_lm_proj(model.feat_encoder(patch.unsqueeze(1)))[:, 0]
         self.condition[rows] = patch
         self.vae_state.rows = rows
-        audio = model.audio_vae.decode(patches.to(torch.float32)).reshape(len(slots), -1).cpu()
-        stop = model.stop_head(model.stop_actn(model.stop_proj(lm_hidden))).argmax(dim=-1).tolist()
+        audio = model.audio_vae.decode(patches.to(torch.float32), self.sample_rate_condition)
+        stop = model.stop_head(model.stop_actn(model.stop_proj(lm_hidden))).argmax(dim=-1)
 
         positions = self.positions[rows]
-        lm_hidden = model.fsq_layer(_lm_step(model.base_lm, self.caches["base"], rows, positions, embed))
+        base = _lm_step(model.base_lm, self.caches["base"], rows, positions, embed, length)
+        lm_hidden = model.fsq_layer(base)
         residual_in = model.fusion_concat_proj(torch.cat((lm_hidden, embed), dim=-1))
-        self.residual_hidden[rows] = _lm_step(model.residual_lm, self.caches["residual"], rows, positions, residual_in)
+        residual = _lm_step(model.residual_lm, self.caches["residual"], rows, positions, residual_in, length)
+        self.residual_hidden[rows] = residual
         self.lm_hidden[rows] = lm_hidden
         self.positions[rows] = positions + 1
-        return audio, [flag == 1 for flag in stop]
+        self.positions[self.scratch] = 0  # padding rows never run past the cache
+        return audio.reshape(rows.size(0), -1), stop
+
+    # -- CUDA graphs ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture_graphs(self, buckets: list[int], timesteps: int, cfg_value: float) -> None:
+        """Capture the step once per batch bucket (largest first, sharing one memory pool), for rows using
+        `timesteps` diffusion steps; attention then always spans the whole cache (`max_length`)."""
+        self.graph_timesteps = timesteps
+        self._t_span(timesteps)  # created outside the capture
+        pool = None
+        for bucket in sorted(buckets, reverse=True):
+            rows = torch.full((bucket,), self.scratch, dtype=torch.long, device=self.device)
+            noise = torch.zeros(bucket, self.feat_dim, self.patch_size, device=self.device, dtype=self.dtype)
+            cfg = torch.full((bucket, 1, 1), cfg_value, device=self.device, dtype=self.dtype)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: allocations and library handles before the capture
+                    self._advance(rows, noise, cfg, [timesteps], self.max_length)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                audio, stop = self._advance(rows, noise, cfg, [timesteps], self.max_length)
+            pool = graph.pool()
+            self.graphs[bucket] = _GraphedStep(graph, rows, noise, cfg, audio, stop)
+        torch.cuda.synchronize()
+
+
+class _GraphedStep:
+    """A captured step and its static tensors: inputs copied in before a replay, outputs read after."""
+
+    def __init__(self, graph, rows, noise, cfg, audio, stop):
+        self.graph, self.rows, self.noise, self.cfg, self.audio, self.stop = graph, rows, noise, cfg, audio, stop
