@@ -281,7 +281,7 @@ class BatchedVoxCPM:
         self.residual_hidden[rows] = residual
         self.lm_hidden[rows] = lm_hidden
         self.positions[rows] = positions + 1
-        self.positions[self.scratch] = 0  # padding rows never run past the cache
+        self.positions[self.scratch :].zero_()  # padding rows never run past the cache (a kernel, no host copy)
         return audio.reshape(rows.size(0), -1), stop
 
     # -- CUDA graphs ------------------------------------------------------------------------------------
