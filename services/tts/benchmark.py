@@ -231,6 +231,12 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="levels C")
     parser.add_argument("--requests", type=int, default=2, help="requests per client per level")
     parser.add_argument("--pool-workers", type=int, default=2, help="worker processes of the pool service")
+    parser.add_argument(
+        "--batched-threads",
+        type=int,
+        default=0,
+        help="torch threads of the batched engine (default: pool workers x threads, the same cores)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="direct runs at C=1")
     parser.add_argument("--skip", default="", help="paths to leave out: pool,direct,engine")
     parser.add_argument("--device", default="cpu", help="torch device of every model (cuda on a GPU)")
@@ -241,18 +247,22 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     top = max(levels)
+    batched_threads = args.batched_threads or args.pool_workers * args.threads
 
     print(
         f"preset {args.preset} on {args.device}{' compiled' if args.compile else ''}, {args.threads} torch "
         f"thread(s) per model process, text {len(TEXT)} chars, seed {SEED}, {args.requests} requests per client; "
-        f"pool: {args.pool_workers} workers; batched: max_batch {top}; load average {os.getloadavg()[0]:.1f}",
+        f"pool: {args.pool_workers} workers; batched: max_batch {top}, "
+        f"{batched_threads} torch threads; load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     rows: dict[int, list[str]] = {c: [] for c in levels}
     steps: list[str] = []
     python = venv_python("tts")
     with (
-        running_service("services.tts", python, service_args(args.preset, "batched", args.threads, 1, top)) as service,
+        running_service(
+            "services.tts", python, service_args(args.preset, "batched", batched_threads, 1, top)
+        ) as service,
         grpc.insecure_channel(service.address) as channel,
     ):
         stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
@@ -282,7 +292,7 @@ def main() -> None:
             copies = direct_copies(args.preset, args.pool_workers, args.threads, TEXT, args.requests)
             rows[args.pool_workers].append(copies.row(f"VoxCPM direct x{args.pool_workers}", args.pool_workers))
     if "engine" not in skip:
-        engine = batched_engine(args.preset, args.threads, top, args.cache_positions)
+        engine = batched_engine(args.preset, batched_threads, top, args.cache_positions)
         for concurrency in levels:
             rows[concurrency].append(engine(concurrency, args.requests).row("batched engine direct", concurrency))
     if "pool" not in skip:
