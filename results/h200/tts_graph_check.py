@@ -24,8 +24,7 @@ def engine(graphs: bool) -> BatchedVoxCPM:
         started = time.perf_counter()
         batched.capture_graphs(graph_buckets(8), 10, 2.0)
         print(f"{preset}: captured buckets {sorted(batched.graphs)} in {time.perf_counter() - started:.2f} s")
-    for slot in range(3):
-        batched.prefill(slot, batched.text_tokens("The quick brown fox jumps."))
+    batched.prefill([0, 1, 2], [batched.text_tokens("The quick brown fox jumps.")] * 3)
     return batched
 
 

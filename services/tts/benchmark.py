@@ -141,8 +141,7 @@ def batched_engine(preset: str, threads: int, max_batch: int, cache_positions: i
         for _ in range(requests):
             begun = time.perf_counter()
             generators = [torch.Generator().manual_seed(SEED) for _ in range(concurrency)]
-            for slot in range(concurrency):
-                engine.prefill(slot, tokens)
+            engine.prefill(list(range(concurrency)), [tokens] * concurrency)
             first, samples = None, 0
             for _ in range(limit):
                 noise = torch.stack([engine.noise(g) for g in generators])

@@ -1,10 +1,12 @@
 """The batched VoxCPM2 engine in its own process: requests join and leave between patch steps.
 
-One model per device (`BatchedVoxCPM`), one step loop. Between two steps the loop prefills waiting segments
-(at least one; more only while their time stays under one step, so a join delays the running requests by
-about one step at most), reaps requests that left, and then steps every generating request by one patch.
+One model per device (`BatchedVoxCPM`), one step loop. Between two steps the loop reaps requests that left,
+prefills the segments waiting (one pass, so a join delays the running requests by about one step at most),
+and then steps every generating request by one patch.
 The torch work runs on a worker thread, so messages from the gRPC process (joins, texts, leaves) are read
-while a step runs; they take effect at the next boundary.
+while a step runs; they take effect at the next boundary. All segments waiting at a boundary are prefilled
+together in one right-padded pass (one eager pass costs about a step whatever its rows, so prefilling one
+request per boundary would admit one request per step and cap the batch at a request's patch count).
 
 Why a process: the step is many small torch calls that drop and retake the GIL around each one; next to
 the gRPC server's event loop in one interpreter it would lose the GIL on every message (see the ASR
@@ -172,25 +174,30 @@ class _Scheduler:
             if request in self.waiting:
                 self.waiting.remove(request)
 
-    async def _prefill(self, request: _Request) -> bool:
-        """Prefill the request's next segment into its slot; False when it cannot start (no slot yet)."""
-        if request.slot is None:
-            if not self.free_slots:
-                return False
-            request.slot = heapq.heappop(self.free_slots)
-        request.segment_index, text = request.texts.popleft()
-        tokens = self.engine.text_tokens(text)
+    def _admit(self) -> list[tuple[_Request, list[int]]]:
+        """Waiting segments that get a slot now, with their text tokens (a request keeps its slot across its
+        segments; one whose text cannot fit the cache fails here)."""
         from services.tts.backends.voxcpm import segment_max_len
 
-        request.limit = self.engine.patch_limit(len(tokens), segment_max_len(self.spec.model, text))
-        if request.limit < 1:
-            self.channel.send(Failed(request.join.request_id, "text: too long for the model's context"))
-            request.left = True
-            return True
-        await asyncio.to_thread(self.engine.prefill, request.slot, tokens)
-        request.patches, request.context = 0, len(tokens) + 1
-        self.running.append(request)
-        return True
+        admitted = []
+        for request in list(self.waiting):
+            if request.left:
+                continue  # reaped at the next boundary
+            if request.slot is None:
+                if not self.free_slots:
+                    break  # it waits for a request to leave
+                request.slot = heapq.heappop(self.free_slots)
+            self.waiting.remove(request)
+            request.segment_index, text = request.texts.popleft()
+            tokens = self.engine.text_tokens(text)
+            request.limit = self.engine.patch_limit(len(tokens), segment_max_len(self.spec.model, text))
+            if request.limit < 1:
+                self.channel.send(Failed(request.join.request_id, "text: too long for the model's context"))
+                request.left = True
+                continue
+            request.patches, request.context = 0, len(tokens) + 1
+            admitted.append((request, tokens))
+        return admitted
 
     async def run(self) -> None:
         while True:
@@ -200,14 +207,10 @@ class _Scheduler:
                 await self.wake.wait()
                 continue
             started = time.perf_counter()
-            for request in list(self.waiting):
-                if request.left:
-                    continue
-                if not await self._prefill(request):
-                    break  # no free slot: it waits for a request to leave
-                self.waiting.remove(request)
-                if self.running and time.perf_counter() - started >= self.last_step_s:
-                    break  # the running requests have waited a step's time: step them first
+            if admitted := self._admit():  # every waiting segment in one prefill pass: about a step's time
+                slots, tokens = [r.slot for r, _ in admitted], [t for _, t in admitted]
+                await asyncio.to_thread(self.engine.prefill, slots, tokens)
+                self.running += [request for request, _ in admitted]
             prefill_s = time.perf_counter() - started
             batch = [r for r in self.running if not r.left]
             if not batch:
@@ -276,7 +279,7 @@ def _build(spec: EngineSpec):
     payload = ready_payload(model, spec.model, work)  # before the engine replaces the VAE's streaming hooks
     engine = BatchedVoxCPM(model, spec.max_batch, spec.cache_positions)
     for rows in sorted({1, spec.max_batch}):  # warm-up: first calls allocate
-        engine.prefill(0, engine.text_tokens("Warm up."))
+        engine.prefill(list(range(rows)), [engine.text_tokens("Warm up.")] * rows)
         noise = torch.zeros(rows, engine.feat_dim, engine.patch_size)
         engine.step(list(range(rows)), [spec.model.timesteps] * rows, [spec.model.cfg_value] * rows, noise)
     payload["shape"] |= {"cache_positions": engine.max_length, "graph_buckets": 0, "graph_capture_s": 0.0}

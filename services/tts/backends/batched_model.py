@@ -171,13 +171,20 @@ class BatchedVoxCPM:
         return max(0, min(int(tokens * BADCASE_RATIO + 10), cap, room))
 
     @torch.inference_mode()
-    def prefill(self, slot: int, tokens: list[int]) -> None:
-        """Start a zero-shot generation of `tokens` in `slot` (VoxCPM2's prefix forward at batch 1)."""
+    def prefill(self, slots: list[int], token_lists: list[list[int]]) -> None:
+        """Start a zero-shot generation of `token_lists[i]` in `slots[i]`: VoxCPM2's prefix forward, all rows in
+        one pass. Rows are right-padded to the longest; attention is causal, so a row's K/V and last hidden
+        state never see its padding."""
         model = self.model
-        text = torch.tensor([[*tokens, model.audio_start_token]], dtype=torch.long, device=self.device)
-        length = text.size(1)
-        feat = torch.zeros(1, length, self.patch_size, self.feat_dim, device=self.device, dtype=self.dtype)
-        text_mask = torch.ones(1, length, 1, dtype=torch.int32, device=self.device)
+        rows = len(slots)
+        lengths = [len(tokens) + 1 for tokens in token_lists]  # + the audio-start token
+        longest = max(lengths)
+        text = torch.zeros(rows, longest, dtype=torch.long)
+        for row, tokens in enumerate(token_lists):
+            text[row, : lengths[row]] = torch.tensor([*tokens, model.audio_start_token])
+        text = text.to(self.device)
+        feat = torch.zeros(rows, longest, self.patch_size, self.feat_dim, device=self.device, dtype=self.dtype)
+        text_mask = torch.ones(rows, longest, 1, dtype=torch.int32, device=self.device)
         feat_mask = torch.zeros_like(text_mask)
         feat_embed = model.enc_to_lm_proj(getattr(model, "_feat_encoder_raw", model.feat_encoder)(feat))
         text_embed = model.base_lm.embed_tokens(text) * self.scale_emb
@@ -186,16 +193,20 @@ class BatchedVoxCPM:
         outputs = model.fsq_layer(outputs) * feat_mask + outputs * text_mask
         residual_in = model.fusion_concat_proj(torch.cat((outputs, feat_mask * feat_embed), dim=-1))
         residual_out, residual_kv = model.residual_lm(inputs_embeds=residual_in, is_causal=True)
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        last = torch.tensor(lengths, device=self.device) - 1
         for name, kv in (("base", base_kv), ("residual", residual_kv)):
             cache = self.caches[name]
-            for index, (key, value) in enumerate(kv):
-                cache[index, 0, slot, :, :length] = key[0]
-                cache[index, 1, slot, :, :length] = value[0]
-        self.lm_hidden[slot] = outputs[0, -1]
-        self.residual_hidden[slot] = residual_out[0, -1]
-        self.condition[slot].zero_()  # zero-shot: the prefix's last audio patch is zeros
-        self.positions[slot] = length
-        self.vae_state.reset(slot)
+            for layer, (key, value) in enumerate(kv):
+                cache[layer, 0, index, :, :longest] = key
+                cache[layer, 1, index, :, :longest] = value
+        picked = torch.arange(rows, device=self.device)
+        self.lm_hidden[index] = outputs[picked, last]
+        self.residual_hidden[index] = residual_out[picked, last]
+        self.condition[index] = 0.0  # zero-shot: the prefix's last audio patch is zeros
+        self.positions[index] = torch.tensor(lengths, device=self.device)
+        for slot in slots:
+            self.vae_state.reset(slot)
 
     def noise(self, generator: torch.Generator) -> torch.Tensor:
         """One patch of diffusion noise [feat_dim, patch_size] from a request's own generator (on the CPU, so
