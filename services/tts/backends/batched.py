@@ -3,7 +3,9 @@
 The model and its step loop live in the engine process (`batched_engine`). Here a request waits for one of
 `max_batch` slots (at most `max_queue` wait; more get RESOURCE_EXHAUSTED), joins the engine, hands it
 its text segments one by one and turns each patch into the requested format as it arrives. Closing the
-stream early (a cancelled RPC) sends Leave: the engine drops the request at its next step boundary.
+stream early (a cancelled RPC) sends Leave: the engine drops the request at its next step boundary. If the
+engine process dies, open streams fail (INTERNAL) and the service shuts down so that its orchestrator
+restarts it, as the ASR service does.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import os
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -68,6 +72,7 @@ class BatchedBackend:
         self.receiver: asyncio.Task | None = None
         self.ready: asyncio.Future | None = None
         self.failure = ""
+        self.stopping = False
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -98,6 +103,7 @@ class BatchedBackend:
         self.metrics.workers.set(1)
 
     async def stop(self) -> None:
+        self.stopping = True
         if self.channel is not None:
             self.channel.send(Shutdown())
             await self.channel.close()
@@ -126,6 +132,9 @@ class BatchedBackend:
             self.ready.set_exception(RuntimeError(self.failure))
         for inbox in self.inboxes.values():
             inbox.put_nowait(Failed(-1, self.failure))
+        if self.facts is not None and not self.stopping:  # started: as the ASR service does, drain and exit
+            log.error("%s; failing %d open streams and shutting down", self.failure, len(self.inboxes))
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def _record_step(self, step: Stepped) -> None:
         self.metrics.batch_requests.observe(step.requests)
