@@ -71,5 +71,5 @@ bench-llm: ## benchmark: LLM engine-direct vs gRPC service (prints a table)
 bench-asr: ## benchmark: ASR real-time stream capacity per chunk size, cache-aware vs buffered vs engine-direct
 	@$(VENV)/asr/bin/python -m services.asr.benchmark
 
-bench-tts: ## benchmark: TTS service vs VoxCPM direct (first audio, RTF, throughput by workers)
+bench-tts: ## benchmark: TTS batched service vs worker pool vs VoxCPM direct by concurrency (first audio, RTF, audio s/s)
 	@$(VENV)/tts/bin/python -m services.tts.benchmark

@@ -286,6 +286,27 @@ def tts_step_work(
         notes.append("no DiT size in the shape and no counters: one read of the weights per patch (a floor)")
     else:
         raise ValueError("TTS facts carry no weight_bytes/parameter_count and no level reported work counters")
+    # The batched backend (limits carry max_batch, not workers) steps every request in one pass: the weights
+    # are read once per step, each request adds its patch's FLOPs. Its counters at C=1 are one row's step.
+    batched = bool(facts.limits.get("max_batch")) and not facts.limits.get("workers")
+    if batched:
+        return StepWork(
+            bytes_fixed=step_bytes,
+            bytes_per_stream=0.0,  # a request's K/V cache is small next to the weights at these contexts
+            flops_fixed=0.0,
+            flops_per_stream=step_flops,
+            units_per_stream_step=patch_s,
+            unit="audio s",
+            max_batch=max_batch(facts),
+            paced=False,
+            batched=True,
+            source=source,
+            what=(
+                f"one {patch_s * 1000:.0f} ms patch per request per step: an LM step + {calls:g} "
+                f"diffusion-transformer calls ({timesteps:g} steps) for every request at once, weights read once"
+            ),
+            notes=tuple(notes),
+        )
     return StepWork(
         bytes_fixed=0.0,
         bytes_per_stream=step_bytes,

@@ -143,6 +143,39 @@ def tts_figures() -> dict:
     return figures
 
 
+TTS_BATCHED_ROW = re.compile(
+    r"^\s*(\d+) (batched service|batched engine direct)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", re.M
+)
+TTS_BATCHED_STEPS = re.compile(
+    r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", re.M
+)
+
+
+def tts_batched_figures() -> dict:
+    """The batched TTS engine (services/tts/benchmark.py): per path and concurrency, the final table's row,
+    and the service's own step counters."""
+    figures = {}
+    for path in sorted(RAW.glob("tts_batched_*.txt")):
+        text = path.read_text()
+        table = text[text.rfind("fa = first audio") :]
+        if not TTS_BATCHED_ROW.search(table):
+            continue
+        levels: dict[str, list[dict]] = {}
+        for c, name, fa50, fa95, rtf50, rtf95, audio in TTS_BATCHED_ROW.findall(table):
+            levels.setdefault(name, []).append(
+                {"concurrency": int(c), "first_audio_p50_ms": float(fa50), "first_audio_p95_ms": float(fa95),
+                 "rtf_p50": float(rtf50), "rtf_p95": float(rtf95), "audio_s_per_s": float(audio)}
+            )  # fmt: skip
+        steps = [
+            {"concurrency": int(c), "steps": int(n), "requests_per_step": float(r), "step_ms": float(ms),
+             "prefill_ms_per_step": float(p), "gflop_per_step": float(g), "mb_per_step": float(mb),
+             "gflop_per_s": float(gs), "gb_per_s": float(bs)}
+            for c, n, r, ms, p, g, mb, gs, bs in TTS_BATCHED_STEPS.findall(table[table.find("its own counters") :])
+        ]  # fmt: skip
+        figures[path.stem] = {"source": path.name, "paths": levels, "service_steps": steps}
+    return figures
+
+
 def llm_figures() -> dict:
     """Per preset and concurrency, the final table's engine-direct and grpc-service rows."""
     figures = {}
@@ -229,6 +262,7 @@ def main() -> None:
         "asr": asr_figures(),
         "asr_step_graphs": asr_step_figures(),
         "tts": tts_figures(),
+        "tts_batched": tts_batched_figures(),
         "llm": llm_figures(),
     }
     (HERE / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")

@@ -18,7 +18,8 @@ class QueueFullError(Exception):
 
 
 class WorkerDiedError(RuntimeError):
-    """The model process serving the request died (the pool starts a new one): the caller gets UNAVAILABLE."""
+    """The model process serving the request died: the caller gets UNAVAILABLE. The pool starts a new process
+    in its place; the batched engine's service shuts down to be restarted (one model serves every request)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,31 +1,35 @@
-"""TTS service vs VoxCPM2 called directly: first audio, real-time factor, throughput by worker count.
+"""TTS: batched service vs worker-pool service vs VoxCPM direct, by concurrency, in one run.
 
-`make bench-tts`. Same preset, weights, text, seed and threads on both sides, in one run:
+`make bench-tts`. Same preset, weights, text and threads everywhere. At each concurrency C, C clients start
+together and each makes `--requests` Synthesize calls back to back over a real gRPC channel:
 
-- engine-direct: `VoxCPM2Model.generate_streaming` in this process (what a service can at best add nothing
-  to): time to first audio = until the first patch is yielded; RTF = wall time / audio seconds;
-- service: `python -m services.tts` with one worker, one request at a time over a real gRPC channel: time
-  to first audio = until the first AudioChunk arrives at the client; RTF likewise from the client side.
-Direct and service requests alternate, so drifting machine load hits both alike; medians are reported,
-and the median of the paired differences as what the service adds.
-Then throughput (audio seconds produced per wall second) of the service with 1, 2 and 4 workers, each
-under as many concurrent clients as workers, two requests each, next to as many VoxCPM copies generating
-side by side in their own processes (what the worker pool does, minus the service).
+- batched service: `python -m services.tts --backend batched --max-batch <max C>`: one model, the requests
+  share every patch step;
+- pool service: `--backend pool --workers <--pool-workers>`: one request per worker process, the rest queue;
+- VoxCPM direct: `VoxCPM2Model.generate_streaming` in this process, one request at a time (the package has
+  no batching), so only C=1 is measured on its own; its throughput at C = pool workers is that many copies
+  generating side by side in their own processes (what the pool does, minus the service);
+- batched engine direct: the batched engine (`BatchedVoxCPM`) in this process, C requests prefilled and
+  stepped together, no gRPC and no engine process: what the batched service can at best do.
 
-Threads: every worker (and the direct model) runs torch with `--threads` intra-op threads (default 1). The
-models are small and their steps latency-bound, so a second thread buys little and, with several workers
-on two cores, only oversubscribes them.
+Per level: first audio p50/p95 (client-side, from the call to its first chunk), RTF p50/p95 (a request's
+wall time / its audio seconds), aggregate audio-seconds per second (all audio / the level's wall time).
+For the batched service, its own counters over the level: steps, requests per step, step time, model
+FLOPs and bytes per step and per second — what bounds the step.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
-import statistics
 import threading
 import time
+import urllib.request
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
 from services.tts.config import TTSConfig
@@ -35,11 +39,35 @@ from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 TEXT = "Streaming speech starts before the sentence ends."
 SEED = 1
 
-
 # Where the models run: set once from --device / --compile, used by every direct copy and every service.
-PLACEMENT = {"device": "cpu", "compile": False}
+PLACEMENT = {"device": "cpu", "compile": False, "cache_positions": 2048}
 
 
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+class Level:
+    """One path at one concurrency: per-request (first audio s, RTF, audio s) and the wall time."""
+
+    def __init__(self, runs: list[tuple[float, float, float]], wall_s: float):
+        self.runs, self.wall_s = runs, wall_s
+
+    def row(self, name: str, concurrency: int) -> str:
+        first = [r[0] * 1000 for r in self.runs]
+        rtf = [r[1] for r in self.runs]
+        throughput = sum(r[2] for r in self.runs) / self.wall_s
+        return (
+            f"{concurrency:>5} {name:<22}{percentile(first, 50):>9.0f}{percentile(first, 95):>9.0f}"
+            f"{percentile(rtf, 50):>8.3f}{percentile(rtf, 95):>8.3f}{throughput:>10.2f}"
+        )
+
+
+HEADER = f"{'C':>5} {'path':<22}{'fa p50':>9}{'fa p95':>9}{'RTF p50':>8}{'RTF p95':>8}{'audio s/s':>10}"
+
+
+# -- direct ---------------------------------------------------------------------------------------------
 def direct_runs(preset: str, threads: int, text: str):
     """A closure timing one direct streaming generation: (time to first audio, RTF, audio seconds)."""
     import torch
@@ -69,11 +97,11 @@ def _direct_worker(preset: str, threads: int, text: str, requests: int, barrier,
     PLACEMENT.update(placement)  # a spawned process starts from the module's defaults
     run = direct_runs(preset, threads, text)
     barrier.wait()
-    results.put(sum(run()[2] for _ in range(requests)))
+    results.put([run() for _ in range(requests)])
 
 
-def direct_throughput(preset: str, processes: int, threads: int, text: str, requests: int) -> float:
-    """Audio seconds per second of `processes` VoxCPM copies generating side by side, no service in between."""
+def direct_copies(preset: str, processes: int, threads: int, text: str, requests: int) -> Level:
+    """`processes` VoxCPM copies generating side by side, `requests` each, no service in between."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
@@ -86,13 +114,54 @@ def direct_throughput(preset: str, processes: int, threads: int, text: str, requ
         worker.start()
     barrier.wait()  # every copy is built and warmed up
     started = time.perf_counter()
-    produced = sum(results.get() for _ in workers)
+    runs = [run for _ in workers for run in results.get()]
     elapsed = time.perf_counter() - started
     for worker in workers:
         worker.join()
-    return produced / elapsed
+    return Level(runs, elapsed)
 
 
+def batched_engine(preset: str, threads: int, max_batch: int, cache_positions: int):
+    """A closure running C requests through the batched engine in this process, `requests` rounds."""
+    import torch
+
+    from services.tts.backends.batched_model import BatchedVoxCPM
+    from services.tts.backends.voxcpm import load_model
+
+    spec = WorkerSpec.from_config(TTSConfig(preset=preset, threads_per_worker=threads, **PLACEMENT))
+    torch.set_num_threads(threads)
+    engine = BatchedVoxCPM(load_model(dataclasses.replace(spec, compile=False)), max_batch, cache_positions)
+    tokens = engine.text_tokens(TEXT)
+    limit = engine.patch_limit(len(tokens), segment_max_len(spec, TEXT))
+    rate = engine.model.sample_rate
+
+    def run(concurrency: int, requests: int) -> Level:
+        runs = []
+        started = time.perf_counter()
+        for _ in range(requests):
+            begun = time.perf_counter()
+            generators = [torch.Generator().manual_seed(SEED) for _ in range(concurrency)]
+            engine.prefill(list(range(concurrency)), [tokens] * concurrency)
+            first, samples = None, 0
+            for _ in range(limit):
+                noise = torch.stack([engine.noise(g) for g in generators])
+                audio, _ = engine.step(list(range(concurrency)), [10] * concurrency, [2.0] * concurrency, noise)
+                first = first if first is not None else time.perf_counter() - begun
+                samples += audio.shape[1]
+            seconds = samples / rate
+            runs += [(first, (time.perf_counter() - begun) / seconds, seconds)] * concurrency
+        return Level(runs, time.perf_counter() - started)
+
+    run(1, 1)
+    run(max_batch, 1)  # warm-up at both ends
+    if engine.device.type == "cuda":  # as the service does
+        from services.tts.backends.batched_engine import graph_buckets
+
+        engine.capture_graphs(graph_buckets(max_batch), 10, 2.0)
+    return run
+
+
+# -- services -------------------------------------------------------------------------------------------
 def service_run(stub, text: str) -> tuple[float, float, float]:
     """(time to first audio, RTF, audio seconds) of one Synthesize call as the client sees it."""
     started = time.perf_counter()
@@ -103,91 +172,163 @@ def service_run(stub, text: str) -> tuple[float, float, float]:
     return first, (time.perf_counter() - started) / seconds, seconds
 
 
-def service_args(preset: str, workers: int, threads: int) -> list[str]:
+def service_args(preset: str, backend: str, threads: int, workers: int, max_batch: int) -> list[str]:
     return [
-        "--preset", preset, "--workers", str(workers), "--threads-per-worker", str(threads),
-        "--max-queue", "64", "--probe-ceilings", "false",
+        "--preset", preset, "--backend", backend, "--workers", str(workers), "--max-batch", str(max_batch),
+        "--cache-positions", str(PLACEMENT["cache_positions"]),
+        "--threads-per-worker", str(threads), "--max-queue", str(4 * max_batch), "--probe-ceilings", "false",
         "--device", PLACEMENT["device"], "--compile", str(PLACEMENT["compile"]).lower(),
     ]  # fmt: skip
 
 
-def throughput(preset: str, workers: int, threads: int, text: str, requests_per_client: int) -> float:
-    with (
-        running_service("services.tts", venv_python("tts"), service_args(preset, workers, threads)) as service,
-        grpc.insecure_channel(service.address) as channel,
-    ):
-        stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
-        service_run(stub, text)  # connection and first-request warm-up
-        produced: list[float] = []
+def service_level(stub, concurrency: int, requests: int) -> Level:
+    runs: list[tuple[float, float, float]] = []
+    barrier = threading.Barrier(concurrency)
 
-        def client() -> None:
-            for _ in range(requests_per_client):
-                produced.append(service_run(stub, text)[2])
+    def client() -> None:
+        barrier.wait()
+        for _ in range(requests):
+            runs.append(service_run(stub, TEXT))
 
-        clients = [threading.Thread(target=client) for _ in range(workers)]
-        started = time.perf_counter()
-        for thread in clients:
-            thread.start()
-        for thread in clients:
-            thread.join()
-        return sum(produced) / (time.perf_counter() - started)
+    clients = [threading.Thread(target=client) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    return Level(runs, time.perf_counter() - started)
+
+
+def counters(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        families = text_string_to_metric_families(response.read().decode())
+    wanted = (
+        "voiceagent_tts_step_requests_sum", "voiceagent_tts_step_requests_count",
+        "voiceagent_tts_step_seconds_sum", "voiceagent_tts_prefill_seconds_sum",
+        "voiceagent_tts_model_flops_total", "voiceagent_tts_model_read_bytes_total",
+    )  # fmt: skip
+    return {s.name: s.value for family in families for s in family.samples if s.name in wanted}
+
+
+def step_counters(before: dict[str, float], after: dict[str, float], concurrency: int) -> str:
+    grew = {name: after[name] - before[name] for name in after}
+    steps = grew["voiceagent_tts_step_requests_count"] or 1
+    step_s = grew["voiceagent_tts_step_seconds_sum"]
+    flops, read = grew["voiceagent_tts_model_flops_total"], grew["voiceagent_tts_model_read_bytes_total"]
+    return (
+        f"{concurrency:>5} {steps:>6.0f}{grew['voiceagent_tts_step_requests_sum'] / steps:>8.1f}"
+        f"{1000 * step_s / steps:>9.1f}{1000 * grew['voiceagent_tts_prefill_seconds_sum'] / steps:>10.2f}"
+        f"{flops / steps / 1e9:>11.3f}{read / steps / 1e6:>10.1f}"
+        f"{flops / max(step_s, 1e-9) / 1e9:>11.2f}{read / max(step_s, 1e-9) / 1e9:>10.2f}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker and for direct runs")
-    parser.add_argument("--rounds", type=int, default=9, help="direct/service pairs at concurrency 1")
-    parser.add_argument("--workers", default="1,2,4", help="worker counts for the throughput table")
-    parser.add_argument("--requests", type=int, default=2, help="requests per client in the throughput runs")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per model process and for direct runs")
+    parser.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="levels C")
+    parser.add_argument("--requests", type=int, default=2, help="requests per client per level")
+    parser.add_argument("--pool-workers", type=int, default=2, help="worker processes of the pool service")
+    parser.add_argument(
+        "--batched-threads",
+        type=int,
+        default=0,
+        help="torch threads of the batched engine (default: pool workers x threads, the same cores)",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="direct runs at C=1")
+    parser.add_argument("--skip", default="", help="paths to leave out: pool,direct,engine")
     parser.add_argument("--device", default="cpu", help="torch device of every model (cuda on a GPU)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile + CUDA graphs (CUDA only)")
+    parser.add_argument("--compile", action="store_true", help="pool and direct: torch.compile + CUDA graphs")
+    parser.add_argument("--cache-positions", type=int, default=2048, help="batched: cache positions per slot")
     args = parser.parse_args()
-    PLACEMENT.update(device=args.device, compile=args.compile)
+    PLACEMENT.update(device=args.device, compile=args.compile, cache_positions=args.cache_positions)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    top = max(levels)
+    batched_threads = args.batched_threads or args.pool_workers * args.threads
 
     print(
-        f"preset {args.preset} on {args.device}{' compiled' if args.compile else ''}, {args.threads} torch thread(s) "
-        f"per worker, text {len(TEXT)} chars, seed {SEED}"
+        f"preset {args.preset} on {args.device}{' compiled' if args.compile else ''}, {args.threads} torch "
+        f"thread(s) per model process, text {len(TEXT)} chars, seed {SEED}, {args.requests} requests per client; "
+        f"pool: {args.pool_workers} workers; batched: max_batch {top}, "
+        f"{batched_threads} torch threads; load average {os.getloadavg()[0]:.1f}",
+        flush=True,
     )
-    direct = direct_runs(args.preset, args.threads, TEXT)
-    results: dict[str, list[tuple[float, float]]] = {"direct": [], "service": []}
+    rows: dict[int, list[str]] = {c: [] for c in levels}
+    steps: list[str] = []
+    python = venv_python("tts")
     with (
-        running_service("services.tts", venv_python("tts"), service_args(args.preset, 1, args.threads)) as service,
+        running_service(
+            "services.tts", python, service_args(args.preset, "batched", batched_threads, 1, top)
+        ) as service,
         grpc.insecure_channel(service.address) as channel,
     ):
         stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
-        service_run(stub, TEXT)
+        service_run(stub, TEXT)  # connection and first-request warm-up
+        shape = stub.GetInfo(common_pb2.InfoRequest()).model.shape
+        print(
+            f"batched service: {shape['graph_buckets']:.0f} CUDA graphs captured at start-up in "
+            f"{shape['graph_capture_s']:.1f} s, {shape['cache_positions']:.0f} cache positions per slot",
+            flush=True,
+        )
+        for concurrency in levels:
+            before = counters(service.metrics_url)
+            rows[concurrency].append(
+                service_level(stub, concurrency, args.requests).row("batched service", concurrency)
+            )
+            steps.append(step_counters(before, counters(service.metrics_url), concurrency))
+            print(rows[concurrency][-1], flush=True)
+    if "direct" not in skip:
+        direct = direct_runs(args.preset, args.threads, TEXT)
+        runs = []
+        started = time.perf_counter()
         for _ in range(args.rounds):
-            results["direct"].append(direct()[:2])
-            results["service"].append(service_run(stub, TEXT)[:2])
-        round_trips = []
-        for _ in range(20):
-            started = time.perf_counter()
-            stub.GetInfo(common_pb2.InfoRequest())
-            round_trips.append(time.perf_counter() - started)
+            runs.append(direct())
+        if 1 in rows:
+            rows[1].append(Level(runs, time.perf_counter() - started).row("VoxCPM direct", 1))
+        if args.pool_workers in rows and args.pool_workers > 1:
+            copies = direct_copies(args.preset, args.pool_workers, args.threads, TEXT, args.requests)
+            rows[args.pool_workers].append(copies.row(f"VoxCPM direct x{args.pool_workers}", args.pool_workers))
+    if "engine" not in skip:
+        engine = batched_engine(args.preset, batched_threads, top, args.cache_positions)
+        for concurrency in levels:
+            rows[concurrency].append(engine(concurrency, args.requests).row("batched engine direct", concurrency))
+    if "pool" not in skip:
+        with (
+            running_service(
+                "services.tts", python, service_args(args.preset, "pool", args.threads, args.pool_workers, top)
+            ) as service,
+            grpc.insecure_channel(service.address) as channel,
+        ):
+            stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
+            service_run(stub, TEXT)
+            for concurrency in levels:
+                rows[concurrency].append(
+                    service_level(stub, concurrency, args.requests).row(
+                        f"pool service x{args.pool_workers}", concurrency
+                    )
+                )
+                print(rows[concurrency][-1], flush=True)
 
-    def median(name: str, index: int) -> float:
-        return statistics.median(run[index] for run in results[name])
-
-    # Rounds alternate direct/service; paired differences cancel the machine's drifting load.
-    pairs = list(zip(results["direct"], results["service"], strict=True))
-    added_ms = statistics.median((served[0] - engine[0]) * 1000 for engine, served in pairs)
-    added_rtf = statistics.median((served[1] / engine[1] - 1) * 100 for engine, served in pairs)
-    print(f"\nconcurrency 1, medians of {args.rounds} alternating runs (load average {os.getloadavg()[0]:.1f})")
-    print(f"{'':<16}{'first audio ms':>16}{'RTF':>8}")
-    print(f"{'VoxCPM direct':<16}{median('direct', 0) * 1000:>16.1f}{median('direct', 1):>8.3f}")
-    print(f"{'service (gRPC)':<16}{median('service', 0) * 1000:>16.1f}{median('service', 1):>8.3f}")
-    print(f"{'service adds':<16}{added_ms:>+16.1f}{added_rtf:>+7.1f}%   (median of paired differences)")
-    print("  targets: <= +5 ms first audio, <= +3% RTF")
-    print(f"  unary GetInfo round trip on this machine now, median: {statistics.median(round_trips) * 1000:.1f} ms")
-
-    print(f"\nthroughput (audio s per s): N concurrent clients x {args.requests} requests; direct = N VoxCPM processes")
-    print(f"{'workers':>8}{'service':>10}{'direct':>10}{'service/direct':>16}")
-    for workers in (int(w) for w in args.workers.split(",")):
-        served = throughput(args.preset, workers, args.threads, TEXT, args.requests)
-        engine = direct_throughput(args.preset, workers, args.threads, TEXT, args.requests)
-        print(f"{workers:>8}{served:>10.2f}{engine:>10.2f}{served / engine:>15.2f}x", flush=True)
-    print(f"  load average now {os.getloadavg()[0]:.1f} (2 cores)")
+    print("\nfa = first audio (ms), RTF = request wall time / audio seconds, audio s/s = aggregate")
+    print(HEADER)
+    for concurrency in levels:
+        print("\n".join(rows[concurrency]))
+    print("\nbatched service, its own counters per level (model-derived FLOPs and bytes, see PatchWork.per_step)")
+    print(
+        f"{'C':>5} {'steps':>6}{'req/step':>8}{'step ms':>9}{'prefill ms':>10}{'GFLOP/step':>11}{'MB/step':>10}"
+        f"{'GFLOP/s':>11}{'GB/s':>10}"
+    )
+    print("\n".join(steps))
+    print(f"load average now {os.getloadavg()[0]:.1f} (2 cores)")
+    medians = {}
+    for concurrency in levels:
+        for row in rows[concurrency]:
+            if "batched service" in row:
+                medians[concurrency] = float(row.split()[-1])
+    if 1 in medians and 8 in medians:
+        print(f"batched service throughput C=8 / C=1: {medians[8] / medians[1]:.2f}x (target >= 2x)")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ OUTPUT_SAMPLE_RATES_HZ = (16_000, 24_000, 48_000)
 # Bounds a request may ask for: fewer than 1 diffusion step is no sampling, more than 50 buys nothing audible
 # on VoxCPM2 (trained with 10) and only burns compute; cfg outside [0, 10] produces clipped garbage.
 TIMESTEPS_RANGE = (1, 50)
+BACKENDS = ("batched", "pool")
 CFG_RANGE = (0.0, 10.0)
 
 
@@ -39,14 +40,27 @@ class TTSConfig(ServingConfig):
         default="", metadata={"help": "VoxCPM checkpoint directory (config.json, tokenizer, safetensors)"}
     )
     weight_seed: int = dataclasses.field(default=0, metadata={"help": "seed of the synthetic weights"})
+    backend: str = dataclasses.field(
+        default="batched",
+        metadata={"help": f"engine: {', '.join(BACKENDS)} (batched: one model, requests share each patch step)"},
+    )
+    max_batch: int = dataclasses.field(
+        default=32, metadata={"help": "batched: requests stepped together (cache slots of the one model)"}
+    )
+    cache_positions: int = dataclasses.field(
+        default=2048, metadata={"help": "batched: K/V cache positions per slot (text tokens + patches of a segment)"}
+    )
+    cuda_graphs: bool = dataclasses.field(
+        default=True, metadata={"help": "batched on CUDA: capture the step per batch-size bucket at start-up"}
+    )
     workers: int = dataclasses.field(
-        default=1, metadata={"help": "model instances; each serves one request at a time (VoxCPM has no batching)"}
+        default=1, metadata={"help": "pool: model instances, each serving one request at a time"}
     )
     threads_per_worker: int = dataclasses.field(
         default=1, metadata={"help": "torch intra-op threads per worker process (CPU)"}
     )
     max_queue: int = dataclasses.field(
-        default=8, metadata={"help": "requests that may wait for a worker; more get RESOURCE_EXHAUSTED"}
+        default=8, metadata={"help": "requests that may wait for a worker or slot; more get RESOURCE_EXHAUSTED"}
     )
     max_text_chars: int = dataclasses.field(default=2000, metadata={"help": "longest text one request may carry"})
     max_text_messages: int = dataclasses.field(
@@ -82,6 +96,9 @@ class TTSConfig(ServingConfig):
             "checkpoint",
             f"must be a directory with config.json, got {self.checkpoint!r}",
         )
+        require(self.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        require(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
+        require(self.cache_positions >= 64, "cache_positions", f"must be >= 64, got {self.cache_positions}")
         require(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
         require(self.threads_per_worker >= 1, "threads_per_worker", f"must be >= 1, got {self.threads_per_worker}")
         require(self.max_queue >= 0, "max_queue", f"must be >= 0, got {self.max_queue}")

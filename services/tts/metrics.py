@@ -14,6 +14,7 @@ from voiceagent.serving.metrics import LATENCY_BUCKETS_S
 PREFIX = "voiceagent_tts"
 METHODS = ("Synthesize", "StreamingSynthesize")
 # Real-time factor: generation time / audio duration. < 1 keeps up with playback.
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 RTF_BUCKETS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -43,9 +44,32 @@ class TTSMetrics:
         self.queue_seconds = Histogram(
             f"{PREFIX}_queue_seconds", "Time a request waited for a free model worker", buckets=LATENCY_BUCKETS_S
         )
-        self.busy_workers = Gauge(f"{PREFIX}_busy_workers", "Model workers serving a request")
+        self.busy_workers = Gauge(
+            f"{PREFIX}_busy_workers", "Model workers serving a request (batched: requests holding a slot)"
+        )
         self.workers = Gauge(f"{PREFIX}_workers", "Model workers (instances) in the pool")
         self.queued_requests = Gauge(f"{PREFIX}_queued_requests", "Requests waiting for a model worker")
+        # The batched engine's steps (the worker pool has none of these: one request per worker)
+        self.batch_requests = Histogram(
+            f"{PREFIX}_step_requests",
+            "Requests advanced by one batched engine step (one patch each)",
+            buckets=BATCH_BUCKETS,
+        )
+        self.step_batch = Gauge(f"{PREFIX}_step_batch_requests", "Requests advanced by the latest batched step")
+        self.step_seconds = Histogram(
+            f"{PREFIX}_step_seconds", "Wall time of one batched engine step", buckets=LATENCY_BUCKETS_S
+        )
+        self.prefill_seconds = Histogram(
+            f"{PREFIX}_prefill_seconds",
+            "Prefill work done between two batched steps (the running requests wait for it)",
+            buckets=LATENCY_BUCKETS_S,
+        )
+        self.first_patch_steps = Histogram(
+            f"{PREFIX}_first_patch_steps",
+            "Batched steps from a segment's text reaching the engine to its first patch, its own step included "
+            "(1: prefilled at the next step boundary; 2: it also waited for the step in flight)",
+            buckets=BATCH_BUCKETS,
+        )
         for method in METHODS:
             for labelled in (self.time_to_first_audio, self.inter_chunk, self.real_time_factor, self.segments):
                 labelled.labels(method)

@@ -54,9 +54,9 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
         self.config = config
         self.metrics = metrics or tts_metrics()
         if backend is None:
-            from services.tts.backends.voxcpm import VoxCPMBackend
+            from services.tts.backends import load_backend
 
-            backend = VoxCPMBackend(config, self.metrics)
+            backend = load_backend(config, self.metrics)
         self.backend = backend
         model_config = config.model_source / "config.json" if config.checkpoint else config.model_source
         self.dtype = json.loads(model_config.read_text()).get("dtype", "float32")

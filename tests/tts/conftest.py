@@ -17,14 +17,16 @@ from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 # In-process reference models run like the service's workers: one torch thread (two only contend on 2 cores).
 torch.set_num_threads(1)
 
-# One worker and a one-request queue make admission, queueing and cancellation observable with few requests.
-TTS_ARGS = ["--preset", "tiny", "--workers", "1", "--max-queue", "1", "--max-text-chars", "500"]
+# One worker (or one batch slot) and a one-request queue make admission, queueing and cancellation
+# observable with few requests.
+TTS_ARGS = ["--preset", "tiny", "--workers", "1", "--max-batch", "1", "--max-queue", "1", "--max-text-chars", "500"]
+BACKENDS = ("batched", "pool")
 
 
-@pytest.fixture(scope="session")
-def tts():
-    """The TTS service on the tiny preset, SERVING, in its own process (tts environment)."""
-    with running_service("services.tts", venv_python("tts"), TTS_ARGS) as service:
+@pytest.fixture(scope="session", params=BACKENDS)
+def tts(request):
+    """The TTS service on the tiny preset, SERVING, in its own process (tts environment), once per backend."""
+    with running_service("services.tts", venv_python("tts"), [*TTS_ARGS, "--backend", request.param]) as service:
         yield service
 
 

@@ -20,7 +20,8 @@ from voiceagent.v1 import tts_pb2, tts_pb2_grpc
 
 MAX_TEXT_CHARS = 500
 MAX_TEXT_MESSAGES = 50
-ARGS = ["--preset", "tiny", "--workers", "2", "--max-queue", "4", "--probe-ceilings", "false"]
+# The worker pool: a dead model process is replaced there (the batched engine's service exits instead).
+ARGS = ["--preset", "tiny", "--backend", "pool", "--workers", "2", "--max-queue", "4", "--probe-ceilings", "false"]
 ARGS += ["--max-text-chars", str(MAX_TEXT_CHARS), "--max-text-messages", str(MAX_TEXT_MESSAGES)]
 LONG_TEXT = "This request speaks for a long while so that it is still going when we act on it. " * 3
 

@@ -103,7 +103,7 @@ def test_get_info_reports_the_model_shape_and_limits(stub):
     assert shape["vocab_size"] == preset["lm_config"]["vocab_size"]
     assert shape["inference_timesteps"] == 10 and shape["dit_calls_per_patch"] == 9
     assert info.model.parameter_count > 0 and info.model.weight_bytes == 4 * info.model.parameter_count
-    assert info.limits["workers"] == 1 and info.limits["max_queue"] == 1
+    assert info.limits.get("workers", info.limits.get("max_batch")) == 1 and info.limits["max_queue"] == 1
     assert info.ceilings.peak_flops_per_s > 0
 
 

@@ -80,6 +80,23 @@ def load_model(spec: WorkerSpec):
     )
 
 
+def ready_payload(model, spec: WorkerSpec, work) -> dict:
+    """What a started engine reports: parameter count, weight bytes, dtype, rate and the shape for GetInfo."""
+    from services.tts.backends import voxcpm_model
+
+    parameters = list(model.parameters())
+    patch_work = work.per_patch(0, spec.timesteps)
+    return {
+        "parameter_count": sum(p.numel() for p in parameters),
+        "weight_bytes": sum(p.numel() * p.element_size() for p in parameters),
+        "dtype": model.config.dtype,
+        "sample_rate": model.sample_rate,
+        "shape": voxcpm_model.shape_facts(model.config, model.sample_rate, spec.timesteps, spec.cfg_value)
+        | dict(zip(("flops_per_patch_at_context_0", "bytes_per_patch_at_context_0"), patch_work, strict=True))
+        | {"vae_flops_per_patch": work.vae_flops},
+    }
+
+
 def worker_main(spec: WorkerSpec, conn, cancel) -> None:
     """Entry point of a worker process."""
     import signal
@@ -98,22 +115,7 @@ def worker_main(spec: WorkerSpec, conn, cancel) -> None:
     work = voxcpm_model.PatchWork(model.config, *voxcpm_model.vae_patch_work(model))
     for _ in model.generate_streaming(target_text=WARM_UP_TEXT, max_len=2, inference_timesteps=spec.timesteps):
         pass
-    parameters = list(model.parameters())
-    patch_work = work.per_patch(0, spec.timesteps)
-    conn.send(
-        (
-            "ready",
-            {
-                "parameter_count": sum(p.numel() for p in parameters),
-                "weight_bytes": sum(p.numel() * p.element_size() for p in parameters),
-                "dtype": model.config.dtype,
-                "sample_rate": model.sample_rate,
-                "shape": voxcpm_model.shape_facts(model.config, model.sample_rate, spec.timesteps, spec.cfg_value)
-                | dict(zip(("flops_per_patch_at_context_0", "bytes_per_patch_at_context_0"), patch_work, strict=True))
-                | {"vae_flops_per_patch": work.vae_flops},
-            },
-        )
-    )
+    conn.send(("ready", ready_payload(model, spec, work)))
     formatter = None
     while True:
         try:

@@ -167,6 +167,17 @@ class PatchWork:
         kv_cache = 2 * self.lm_attention[0] * self.kv_heads * self.head_dim * context
         return float(flops), float((weights + kv_cache) * self.dtype_bytes + self.vae_bytes)
 
+    def per_step(self, contexts: list[int], timesteps: list[int]) -> tuple[float, float]:
+        """FLOPs and bytes of one batched step advancing one patch per row (row i at `contexts[i]` cached
+        tokens, `timesteps[i]` diffusion steps). FLOPs add up over rows; the weights are read once per step
+        (the DiT's once per estimator call of each group of rows sharing a step count), caches once per row.
+        """
+        flops = sum(self.per_patch(context, steps)[0] for context, steps in zip(contexts, timesteps, strict=True))
+        dit_weights = self.dit_params + 3 * self.feat_dim * self.dit_hidden + 4 * self.dit_hidden**2
+        weights = self.lm_params + self.enc_params + sum(dit_calls(steps) for steps in set(timesteps)) * dit_weights
+        kv_cache = 2 * self.lm_attention[0] * self.kv_heads * self.head_dim * sum(contexts)
+        return float(flops), float((weights + kv_cache) * self.dtype_bytes + self.vae_bytes)
+
 
 def vae_patch_work(model: VoxCPM2Model) -> tuple[float, float]:
     """FLOPs and weight bytes of decoding one steady-state patch with the streaming audio VAE.

@@ -1,0 +1,208 @@
+"""Batched VoxCPM2 backend, the gRPC process's half: admission, a request's segments in, its patches out.
+
+The model and its step loop live in the engine process (`batched_engine`). Here a request waits for one of
+`max_batch` slots (at most `max_queue` wait; more get RESOURCE_EXHAUSTED), joins the engine, hands it
+its text segments one by one and turns each patch into the requested format as it arrives. Closing the
+stream early (a cancelled RPC) sends Leave: the engine drops the request at its next step boundary. If the
+engine process dies, open streams fail (UNAVAILABLE) and the service shuts down so that its orchestrator
+restarts it, as the ASR service does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator
+
+from services.tts.audio import AudioFormatter
+from services.tts.backend import AudioPiece, QueueFullError, SynthesisRequest, WorkerDiedError
+from services.tts.backends.batched_engine import (
+    EngineSpec,
+    Failed,
+    Join,
+    Leave,
+    Patch,
+    Ready,
+    SegmentDone,
+    Shutdown,
+    Speak,
+    StartFailed,
+    Stepped,
+    engine_main,
+)
+from services.tts.backends.voxcpm import WorkerSpec
+from services.tts.config import TTSConfig
+from services.tts.metrics import TTSMetrics
+from voiceagent.serving.channel import Channel
+from voiceagent.serving.info import ModelFacts
+from voiceagent.serving.metrics import service_metrics
+
+log = logging.getLogger(__name__)
+
+
+class BatchedBackend:
+    def __init__(self, config: TTSConfig, metrics: TTSMetrics):
+        self.config = config
+        self.spec = EngineSpec(
+            WorkerSpec.from_config(config), config.max_batch, config.cache_positions, config.cuda_graphs
+        )
+        self.metrics = metrics
+        self.work = service_metrics("tts")
+        self.facts: ModelFacts | None = None
+        self.limits = {
+            "max_batch": config.max_batch,
+            "max_queue": config.max_queue,
+            "max_text_chars": config.max_text_chars,
+            "threads_per_worker": config.threads_per_worker,
+        }
+        self.slots = asyncio.Semaphore(config.max_batch)
+        self.in_flight = 0
+        self.waiting = 0
+        self.ids = itertools.count()
+        self.inboxes: dict[int, asyncio.Queue] = {}
+        self.process: multiprocessing.Process | None = None
+        self.channel: Channel | None = None
+        self.receiver: asyncio.Task | None = None
+        self.ready: asyncio.Future | None = None
+        self.failure = ""
+        self.stopping = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        from importlib.metadata import version
+
+        ours, theirs = socket.socketpair()
+        context = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or locks
+        self.process = context.Process(target=engine_main, args=(self.spec, theirs), name="tts-engine", daemon=True)
+        self.process.start()
+        theirs.close()
+        self.channel = await Channel.open(ours)
+        self.ready = asyncio.get_running_loop().create_future()
+        self.receiver = asyncio.create_task(self._receive())
+        ready = await self.ready
+        model = self.spec.model
+        self.facts = ModelFacts(
+            backend="voxcpm",
+            engine_version=version("voxcpm"),
+            preset="checkpoint" if model.checkpoint else model.preset,
+            source=model.source,
+            synthetic_weights=not model.checkpoint,
+            parameter_count=ready["parameter_count"],
+            weight_bytes=ready["weight_bytes"],
+            dtype=ready["dtype"],
+            device=self.config.device,
+            shape=ready["shape"] | {"max_batch": self.config.max_batch},
+        )
+        self.metrics.workers.set(1)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        if self.channel is not None:
+            self.channel.send(Shutdown())
+            await self.channel.close()
+        if self.process is not None:
+            await asyncio.to_thread(self.process.join, 10)
+            if self.process.is_alive():
+                self.process.kill()
+        if self.receiver is not None:
+            self.receiver.cancel()
+
+    # -- what the engine sends ---------------------------------------------------------------------------
+    async def _receive(self) -> None:
+        while (messages := await self.channel.receive()) is not None:
+            for message in messages:
+                if isinstance(message, Stepped):
+                    self._record_step(message)
+                elif isinstance(message, Patch | SegmentDone | Failed):
+                    if (inbox := self.inboxes.get(message.request_id)) is not None:
+                        inbox.put_nowait(message)
+                elif isinstance(message, Ready):
+                    self.ready.set_result(message.payload)
+                elif isinstance(message, StartFailed):
+                    self.ready.set_exception(RuntimeError(f"the TTS engine failed to start: {message.message}"))
+        self.failure = f"the TTS engine process exited (code {self.process.exitcode})"
+        if not self.ready.done():
+            self.ready.set_exception(RuntimeError(self.failure))
+        for inbox in self.inboxes.values():
+            inbox.put_nowait(Failed(-1, self.failure))
+        if self.facts is not None and not self.stopping:  # started: as the ASR service does, drain and exit
+            log.error("%s; failing %d open streams and shutting down", self.failure, len(self.inboxes))
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _record_step(self, step: Stepped) -> None:
+        self.metrics.batch_requests.observe(step.requests)
+        self.metrics.step_batch.set(step.requests)
+        self.metrics.step_seconds.observe(step.seconds)
+        if step.prefill_seconds:
+            self.metrics.prefill_seconds.observe(step.prefill_seconds)
+        self.work.record_work(step.flops, step.read_bytes)
+
+    # -- requests ----------------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _slot(self):
+        """One of the engine's slots, waiting in line for it; QueueFullError when `max_queue` already wait."""
+        if self.in_flight >= self.config.max_batch and self.waiting >= self.config.max_queue:
+            raise QueueFullError(
+                f"all {self.config.max_batch} batch slots busy and {self.waiting} requests queued (max_queue)"
+            )
+        self.waiting += 1
+        self.metrics.queued_requests.set(self.waiting)
+        started = time.perf_counter()
+        try:
+            await self.slots.acquire()
+        finally:
+            self.waiting -= 1
+            self.metrics.queued_requests.set(self.waiting)
+        queue_s = time.perf_counter() - started
+        self.metrics.queue_seconds.observe(queue_s)
+        self.in_flight += 1
+        self.metrics.busy_workers.set(self.in_flight)
+        try:
+            yield queue_s
+        finally:
+            self.in_flight -= 1
+            self.metrics.busy_workers.set(self.in_flight)
+            self.slots.release()
+
+    async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioPiece]:
+        if self.failure:
+            raise RuntimeError(self.failure)
+        segments = aiter(request.segments)
+        text = await anext(segments, None)
+        if text is None:
+            return
+        formatter = AudioFormatter(self.facts.shape["sample_rate"], request.sample_rate_hz, request.pcm16)
+        async with self._slot() as queue_s:
+            request_id = next(self.ids)
+            self.inboxes[request_id] = inbox = asyncio.Queue()
+            self.channel.send(Join(request_id, request.seed, request.inference_timesteps, request.cfg_value))
+            index, generation_s = 0, 0.0
+            try:
+                while text is not None:
+                    started = time.perf_counter()
+                    self.channel.send(Speak(request_id, index, text))
+                    while not isinstance(message := await inbox.get(), SegmentDone):
+                        if isinstance(message, Failed) and message.request_id == -1:  # the engine died
+                            raise WorkerDiedError(message.message)
+                        if isinstance(message, Failed):
+                            raise RuntimeError(f"TTS engine: {message.message}")
+                        if message.waited_steps:
+                            self.metrics.first_patch_steps.observe(message.waited_steps)
+                        audio, samples = formatter.convert(message.audio)
+                        yield AudioPiece(audio, samples, index, 1, queue_s)
+                    generation_s += time.perf_counter() - started
+                    text = await anext(segments, None)
+                    index += 1
+            finally:
+                del self.inboxes[request_id]
+                if not self.failure:
+                    self.channel.send(Leave(request_id))
+        tail, samples = formatter.flush()
+        yield AudioPiece(tail, samples, index - 1, 0, queue_s, is_last=True, generation_s=generation_s)

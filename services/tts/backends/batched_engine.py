@@ -1,0 +1,320 @@
+"""The batched VoxCPM2 engine in its own process: requests join and leave between patch steps.
+
+One model per device (`BatchedVoxCPM`), one step loop. Between two steps the loop reaps requests that left,
+prefills the segments waiting (one pass, so a join delays the running requests by about one step at most),
+and then steps every generating request by one patch.
+The torch work runs on a worker thread, so messages from the gRPC process (joins, texts, leaves) are read
+while a step runs; they take effect at the next boundary. All segments waiting at a boundary are prefilled
+together in one right-padded pass (one eager pass costs about a step whatever its rows, so prefilling one
+request per boundary would admit one request per step and cap the batch at a request's patch count).
+
+Why a process: the step is many small torch calls that drop and retake the GIL around each one; next to
+the gRPC server's event loop in one interpreter it would lose the GIL on every message (see the ASR
+service's engine process). Messages both ways are the typed dataclasses below, over the shared Channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import heapq
+import logging
+import signal
+import socket
+import time
+
+import numpy as np
+
+from services.tts.backends.voxcpm import WorkerSpec
+from voiceagent.serving.channel import Channel
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    model: WorkerSpec
+    max_batch: int
+    cache_positions: int = 2048
+    cuda_graphs: bool = True  # on a CUDA device: capture the step per batch bucket at start-up
+
+
+def graph_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to max_batch, and max_batch itself: a batch replays the smallest bucket holding it."""
+    return sorted({*(2**i for i in range(max_batch.bit_length()) if 2**i <= max_batch), max_batch})
+
+
+# -- gRPC process → engine ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Join:
+    request_id: int
+    seed: int
+    timesteps: int
+    cfg_value: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Speak:
+    """The next text segment of a joined request; spoken once the previous one is done."""
+
+    request_id: int
+    segment_index: int
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Leave:
+    request_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+# -- engine → gRPC process ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    payload: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class StartFailed:
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    request_id: int
+    segment_index: int
+    audio: np.ndarray  # float32 at the native rate, one patch
+    # on a segment's first patch: steps finished since its text reached the engine, its own included
+    # (1: it started at the next step boundary; 2: it also waited for the step in flight)
+    waited_steps: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentDone:
+    request_id: int
+    segment_index: int
+    patches: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    request_id: int
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stepped:
+    """One batched step: how many requests it advanced, its wall time, its model work, prefill time before it."""
+
+    requests: int
+    seconds: float
+    flops: float
+    read_bytes: float
+    prefill_seconds: float
+
+
+# -- the engine process ------------------------------------------------------------------------------------
+@dataclasses.dataclass(eq=False)
+class _Request:
+    join: Join
+    generator: object  # torch.Generator, seeded once per request: noise continues across its segments
+    texts: collections.deque = dataclasses.field(default_factory=collections.deque)
+    slot: int | None = None
+    segment_index: int = -1
+    patches: int = 0
+    limit: int = 0
+    context: int = 0  # tokens the LMs have cached for this segment
+    queued_at_step: int = 0  # the engine's step count when the segment's text was ready to prefill
+    left: bool = False
+
+
+class _Scheduler:
+    def __init__(self, engine, work, channel: Channel, spec: EngineSpec):
+        self.engine, self.work, self.channel, self.spec = engine, work, channel, spec
+        self.free_slots = list(range(spec.max_batch))  # a min-heap: low slots first keeps the batch compact
+        self.requests: dict[int, _Request] = {}
+        self.waiting: collections.deque[_Request] = collections.deque()  # a segment to prefill
+        self.running: list[_Request] = []
+        self.wake = asyncio.Event()
+        self.last_step_s = 0.0
+        self.steps = 0
+
+    def dispatch(self, message) -> None:
+        import torch
+
+        if isinstance(message, Join):
+            generator = torch.Generator().manual_seed(message.seed)
+            self.requests[message.request_id] = _Request(message, generator)
+        elif isinstance(message, Speak):
+            if (request := self.requests.get(message.request_id)) is not None:
+                request.texts.append((message.segment_index, message.text))
+                if request not in self.waiting and request not in self.running:
+                    self._queue(request)
+        elif isinstance(message, Leave) and (request := self.requests.get(message.request_id)) is not None:
+            request.left = True
+        self.wake.set()
+
+    def _queue(self, request: _Request) -> None:
+        request.queued_at_step = self.steps
+        self.waiting.append(request)
+
+    def _reap(self) -> None:
+        """Free the slots of requests that left; called between steps only (a step may be writing them)."""
+        for request in [r for r in self.requests.values() if r.left]:
+            del self.requests[request.join.request_id]
+            if request.slot is not None:
+                heapq.heappush(self.free_slots, request.slot)
+            if request in self.running:
+                self.running.remove(request)
+            if request in self.waiting:
+                self.waiting.remove(request)
+
+    def _admit(self) -> list[tuple[_Request, list[int]]]:
+        """Waiting segments that get a slot now, with their text tokens (a request keeps its slot across its
+        segments; one whose text cannot fit the cache fails here)."""
+        from services.tts.backends.voxcpm import segment_max_len
+
+        admitted = []
+        for request in list(self.waiting):
+            if request.left:
+                continue  # reaped at the next boundary
+            if request.slot is None:
+                if not self.free_slots:
+                    break  # it waits for a request to leave
+                request.slot = heapq.heappop(self.free_slots)
+            self.waiting.remove(request)
+            request.segment_index, text = request.texts.popleft()
+            tokens = self.engine.text_tokens(text)
+            request.limit = self.engine.patch_limit(len(tokens), segment_max_len(self.spec.model, text))
+            if request.limit < 1:
+                self.channel.send(Failed(request.join.request_id, "text: too long for the model's context"))
+                request.left = True
+                continue
+            request.patches, request.context = 0, len(tokens) + 1
+            admitted.append((request, tokens))
+        return admitted
+
+    async def run(self) -> None:
+        while True:
+            self._reap()
+            if not self.running and not self.waiting:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            started = time.perf_counter()
+            if admitted := self._admit():  # every waiting segment in one prefill pass: about a step's time
+                slots, tokens = [r.slot for r, _ in admitted], [t for _, t in admitted]
+                await asyncio.to_thread(self.engine.prefill, slots, tokens)
+                self.running += [request for request, _ in admitted]
+            prefill_s = time.perf_counter() - started
+            batch = [r for r in self.running if not r.left]
+            if not batch:
+                if self.waiting and not self.free_slots:
+                    self.wake.clear()
+                    await self.wake.wait()  # every slot is held by a request between segments
+                continue
+            await self._step(batch, prefill_s)
+
+    async def _step(self, batch: list[_Request], prefill_s: float) -> None:
+        import torch
+
+        slots = [r.slot for r in batch]
+        timesteps = [r.join.timesteps for r in batch]
+        noise = torch.stack([self.engine.noise(r.generator) for r in batch])
+        started = time.perf_counter()
+        try:
+            audio, stops = await asyncio.to_thread(
+                self.engine.step, slots, timesteps, [r.join.cfg_value for r in batch], noise
+            )
+        except Exception as exc:  # reported to every request of the step; the engine lives on
+            log.exception("batched step failed")
+            for request in batch:
+                self.channel.send(Failed(request.join.request_id, f"{type(exc).__name__}: {exc}"))
+                request.left = True
+            return
+        self.last_step_s = time.perf_counter() - started
+        self.steps += 1
+        flops, read_bytes = self.work.per_step([r.context for r in batch], timesteps)
+        self.channel.send(Stepped(len(batch), self.last_step_s, flops, read_bytes, prefill_s))
+        audio = audio.numpy()
+        for request, samples, stop in zip(batch, audio, stops, strict=True):
+            index = request.patches
+            request.patches += 1
+            request.context += 1
+            if request.left:
+                continue
+            waited = self.steps - request.queued_at_step if index == 0 else 0
+            self.channel.send(Patch(request.join.request_id, request.segment_index, samples, waited))
+            if (stop and index > 2) or request.patches >= request.limit:
+                self.running.remove(request)
+                self.channel.send(SegmentDone(request.join.request_id, request.segment_index, request.patches))
+                if request.texts:
+                    self._queue(request)
+
+
+def engine_main(spec: EngineSpec, sock: socket.socket) -> None:
+    """Entry point of the engine process."""
+    # The gRPC process drains its streams on SIGINT/SIGTERM and then stops this one.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s (tts engine): %(message)s")
+    asyncio.run(_serve(spec, sock))
+
+
+def _build(spec: EngineSpec):
+    import torch
+
+    from services.tts.backends import voxcpm_model
+    from services.tts.backends.batched_model import BatchedVoxCPM
+    from services.tts.backends.voxcpm import load_model, ready_payload
+
+    torch.set_num_threads(spec.model.threads)
+    model = load_model(dataclasses.replace(spec.model, compile=False))  # its compiled steps are batch-1 only
+    work = voxcpm_model.PatchWork(model.config, *voxcpm_model.vae_patch_work(model))
+    payload = ready_payload(model, spec.model, work)  # before the engine replaces the VAE's streaming hooks
+    engine = BatchedVoxCPM(model, spec.max_batch, spec.cache_positions)
+    for rows in sorted({1, spec.max_batch}):  # warm-up: first calls allocate
+        engine.prefill(list(range(rows)), [engine.text_tokens("Warm up.")] * rows)
+        noise = torch.zeros(rows, engine.feat_dim, engine.patch_size)
+        engine.step(list(range(rows)), [spec.model.timesteps] * rows, [spec.model.cfg_value] * rows, noise)
+    payload["shape"] |= {"cache_positions": engine.max_length, "graph_buckets": 0, "graph_capture_s": 0.0}
+    if spec.cuda_graphs and engine.device.type == "cuda":
+        started = time.perf_counter()
+        buckets = graph_buckets(spec.max_batch)
+        try:
+            engine.capture_graphs(buckets, spec.model.timesteps, spec.model.cfg_value)
+        except Exception:  # serve eagerly rather than not at all; the log says why
+            log.exception("CUDA graph capture failed; the engine steps eagerly")
+            engine.graphs.clear()
+        capture_s = time.perf_counter() - started
+        log.info("captured %d CUDA graphs (buckets %s) in %.1f s", len(engine.graphs), buckets, capture_s)
+        payload["shape"] |= {"graph_buckets": len(engine.graphs), "graph_capture_s": round(capture_s, 2)}
+    return engine, work, payload
+
+
+async def _serve(spec: EngineSpec, sock: socket.socket) -> None:
+    channel = await Channel.open(sock)
+    try:
+        engine, work, payload = await asyncio.to_thread(_build, spec)
+    except Exception as exc:
+        log.exception("the TTS engine failed to start")
+        channel.send(StartFailed(f"{type(exc).__name__}: {exc}"))
+        await channel.close()
+        return
+    channel.send(Ready(payload | {"max_batch": spec.max_batch}))
+    scheduler = _Scheduler(engine, work, channel, spec)
+    stepping = asyncio.create_task(scheduler.run())
+    try:
+        while (messages := await channel.receive()) is not None:
+            for message in messages:
+                if isinstance(message, Shutdown):
+                    return
+                scheduler.dispatch(message)
+    finally:
+        stepping.cancel()
+        await channel.close()

@@ -1,0 +1,328 @@
+"""VoxCPM2 stepped in batches: every request in a fixed cache slot, one 160 ms patch per request per step.
+
+`VoxCPM2Model` generates one request at a time: its LMs hold a K/V cache of batch 1, its audio VAE one
+streaming state, and its diffusion noise comes from torch's global generator. `BatchedVoxCPM` keeps the
+model's modules and weights and owns what has to be per request:
+
+- a K/V cache per LM with `slots` rows of `max_length` positions; a request keeps its slot for its life;
+- the hidden states and the conditioning patch carried from one step to the next, per slot;
+- the audio VAE's causal-convolution state per slot (`_SlotVAEState`), so every slot's audio continues its
+  own waveform;
+- the noise: the caller draws each row's noise from the request's own seeded generator, so a request's
+  audio does not depend on what shares its step.
+
+A step (`step`) advances any set of generating slots by one patch, in the order of VoxCPM2's own loop:
+local DiT solve (classifier-free guidance doubles the rows), local encoder of the new patch, VAE decode of
+it, stop head, then base LM + FSQ + residual LM one position each. Rows with different diffusion step counts
+share the step's LM and VAE work and run their DiT solves as one group per step count; `cfg_value` is a
+per-row tensor, so it never splits a group. Prefill (`prefill`) runs VoxCPM2's own prefix forward for one
+request at batch 1 and copies its K/V into the slot.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from voxcpm.model.voxcpm2 import VoxCPM2Model
+from voxcpm.modules.audiovae.audio_vae_v2 import CausalConv1d, CausalTransposeConv1d
+from voxcpm.modules.minicpm4.model import MiniCPMModel, apply_rotary_pos_emb
+
+MIN_PATCHES = 2  # VoxCPM2's min_len: the stop head is not obeyed before patch 3
+BADCASE_RATIO = 6.0  # VoxCPM2 caps a generation at 6 patches per text token + 10
+
+
+def _lm_step(
+    lm: MiniCPMModel,
+    cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    x: torch.Tensor,
+    length: int | None = None,
+):
+    """One decoder position for each row: `x` [B, hidden] at `positions` [B] of cache rows `slots` [B].
+
+    cache: [layers, 2 (k, v), slots, kv_heads, positions, head_dim]. Attention reads positions up to the
+    longest row's (or `length`, fixed for a CUDA graph); shorter rows mask the rest.
+    """
+    length = length or int(positions.max()) + 1
+    mask = (torch.arange(length, device=x.device) <= positions[:, None]).view(-1, 1, 1, length)
+    position_emb = None
+    if lm.rope_emb is not None:
+        cos, sin = lm.rope_emb(positions)
+        position_emb = cos[:, None, None, :], sin[:, None, None, :]
+    rows = x.size(0)
+    for index, layer in enumerate(lm.layers):
+        attn = layer.self_attn
+        scale = layer.scale_depth / math.sqrt(layer.num_hidden_layers) if layer.use_mup else 1.0
+        hidden = layer.input_layernorm(x)
+        query = attn.q_proj(hidden).view(rows, attn.num_heads, 1, attn.head_dim)
+        key = attn.k_proj(hidden).view(rows, attn.num_key_value_heads, 1, attn.head_dim)
+        value = attn.v_proj(hidden).view(rows, attn.num_key_value_heads, 1, attn.head_dim)
+        if position_emb is not None:
+            query, key = apply_rotary_pos_emb(query, key, *position_emb)
+        layer_cache = cache[index]
+        layer_cache[0, slots, :, positions] = key[:, :, 0]
+        layer_cache[1, slots, :, positions] = value[:, :, 0]
+        keys = layer_cache[0, :, :, :length].index_select(0, slots)
+        values = layer_cache[1, :, :, :length].index_select(0, slots)
+        attended = nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+        x = x + attn.o_proj(attended.reshape(rows, attn.num_heads * attn.head_dim)) * scale
+        x = x + layer.mlp(layer.post_attention_layernorm(x)) * scale
+    return lm.norm(x)
+
+
+class _SlotVAEState:
+    """Per-slot state of the VAE decoder's causal convolutions, swapped in for the rows being decoded.
+
+    VoxCPM's own `StreamingVAEDecoder` keeps one state per convolution (batch 1 in practice); here each
+    convolution keeps [slots, channels, context] and a decode reads and writes the rows of `self.rows`.
+    A zero state equals VoxCPM's left padding, so resetting a slot starts a fresh waveform.
+    """
+
+    def __init__(self, decoder: nn.Module, slots: int, device: torch.device):
+        self.rows = torch.zeros(1, dtype=torch.long, device=device)
+        self.buffers: list[torch.Tensor] = []
+        for module in decoder.modules():
+            if isinstance(module, CausalConv1d):
+                context = module._CausalConv1d__padding * 2 - module._CausalConv1d__output_padding
+                if context > 0:
+                    self._install(module, context, nn.Conv1d.forward, None, slots, device)
+            elif isinstance(module, CausalTransposeConv1d):
+                trim = module._CausalTransposeConv1d__padding * 2 - module._CausalTransposeConv1d__output_padding
+                context = (module.kernel_size[0] - 1) // module.stride[0]
+                if context > 0:
+                    self._install(module, context, nn.ConvTranspose1d.forward, trim, slots, device)
+
+    def _install(self, module: nn.Module, context: int, forward, trim: int | None, slots: int, device) -> None:
+        state = torch.zeros(slots, module.in_channels, context, device=device)
+        self.buffers.append(state)
+
+        def stateful_forward(x: torch.Tensor) -> torch.Tensor:
+            extended = torch.cat([state.index_select(0, self.rows), x], dim=-1)
+            state.index_copy_(0, self.rows, extended[:, :, -context:])
+            out = forward(module, extended)
+            if trim is None:
+                return out
+            left = context * module.stride[0]
+            return out[..., left:-trim] if trim > 0 else out[..., left:]
+
+        module.forward = stateful_forward  # weight-norm pre-hooks still run: they sit on __call__
+
+    def reset(self, slot: int) -> None:
+        for state in self.buffers:
+            state[slot].zero_()
+
+
+class BatchedVoxCPM:
+    """The model's modules driven for `slots` requests at once (see the module docstring).
+
+    `cache_positions` caps each slot's cache (text tokens + patches; VoxCPM2's own max_length of 8,192 is
+    240 MB per slot at its real shape). One extra slot, `scratch`, takes the padding rows of a CUDA graph.
+    """
+
+    def __init__(self, model: VoxCPM2Model, slots: int, cache_positions: int = 0):
+        self.model = model
+        self.slots = slots
+        self.scratch = slots
+        config = model.config
+        self.device = torch.device(model.device)
+        self.dtype = next(model.base_lm.parameters()).dtype
+        self.max_length = min(config.max_length, cache_positions or config.max_length)
+        self.patch_size, self.feat_dim = model.patch_size, model.feat_dim
+        hidden = config.lm_config.hidden_size
+        self.scale_emb = config.lm_config.scale_emb if config.lm_config.use_mup else 1.0
+        self.caches = {
+            name: torch.zeros(
+                lm.config.num_hidden_layers,
+                2,
+                slots + 1,
+                lm.config.num_key_value_heads,
+                self.max_length,
+                lm.config.kv_channels or hidden // lm.config.num_attention_heads,
+                device=self.device,
+                dtype=self.dtype,
+            )
+            for name, lm in (("base", model.base_lm), ("residual", model.residual_lm))
+        }
+        # the LMs' own batch-1 caches are not used: free them
+        model.base_lm.kv_cache = model.residual_lm.kv_cache = None
+        self.lm_hidden = torch.zeros(slots + 1, hidden, device=self.device, dtype=self.dtype)
+        self.residual_hidden = torch.zeros_like(self.lm_hidden)
+        self.condition = torch.zeros(slots + 1, self.patch_size, self.feat_dim, device=self.device, dtype=self.dtype)
+        self.positions = torch.zeros(slots + 1, dtype=torch.long, device=self.device)
+        self.vae_state = _SlotVAEState(model.audio_vae.decoder, slots + 1, self.device)
+        vae = model.audio_vae
+        self.sample_rate_condition = torch.tensor(
+            [getattr(vae, "out_sample_rate", vae.sample_rate)], device=self.device, dtype=torch.int32
+        )
+        self._t_spans: dict[int, torch.Tensor] = {}
+        self.graphs: dict[int, _GraphedStep] = {}  # by batch bucket, see capture_graphs
+        self.graph_timesteps = 0
+
+    # -- per request ------------------------------------------------------------------------------------
+    def text_tokens(self, text: str) -> list[int]:
+        return list(self.model.text_tokenizer(text))
+
+    def patch_limit(self, tokens: int, cap: int) -> int:
+        """Patches a segment of `tokens` text tokens may take: VoxCPM2's own cap, `cap`, and the cache's room."""
+        room = self.max_length - tokens - 1  # the prefix holds tokens + 1 positions; each patch but the last adds one
+        return max(0, min(int(tokens * BADCASE_RATIO + 10), cap, room))
+
+    @torch.inference_mode()
+    def prefill(self, slots: list[int], token_lists: list[list[int]]) -> None:
+        """Start a zero-shot generation of `token_lists[i]` in `slots[i]`: VoxCPM2's prefix forward, all rows in
+        one pass. Rows are right-padded to the longest; attention is causal, so a row's K/V and last hidden
+        state never see its padding."""
+        model = self.model
+        rows = len(slots)
+        lengths = [len(tokens) + 1 for tokens in token_lists]  # + the audio-start token
+        longest = max(lengths)
+        text = torch.zeros(rows, longest, dtype=torch.long)
+        for row, tokens in enumerate(token_lists):
+            text[row, : lengths[row]] = torch.tensor([*tokens, model.audio_start_token])
+        text = text.to(self.device)
+        feat = torch.zeros(rows, longest, self.patch_size, self.feat_dim, device=self.device, dtype=self.dtype)
+        text_mask = torch.ones(rows, longest, 1, dtype=torch.int32, device=self.device)
+        feat_mask = torch.zeros_like(text_mask)
+        feat_embed = model.enc_to_lm_proj(getattr(model, "_feat_encoder_raw", model.feat_encoder)(feat))
+        text_embed = model.base_lm.embed_tokens(text) * self.scale_emb
+        combined = text_mask * text_embed + feat_mask * feat_embed
+        outputs, base_kv = model.base_lm(inputs_embeds=combined, is_causal=True)
+        outputs = model.fsq_layer(outputs) * feat_mask + outputs * text_mask
+        residual_in = model.fusion_concat_proj(torch.cat((outputs, feat_mask * feat_embed), dim=-1))
+        residual_out, residual_kv = model.residual_lm(inputs_embeds=residual_in, is_causal=True)
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        last = torch.tensor(lengths, device=self.device) - 1
+        for name, kv in (("base", base_kv), ("residual", residual_kv)):
+            cache = self.caches[name]
+            for layer, (key, value) in enumerate(kv):
+                cache[layer, 0, index, :, :longest] = key
+                cache[layer, 1, index, :, :longest] = value
+        picked = torch.arange(rows, device=self.device)
+        self.lm_hidden[index] = outputs[picked, last]
+        self.residual_hidden[index] = residual_out[picked, last]
+        self.condition[index] = 0.0  # zero-shot: the prefix's last audio patch is zeros
+        self.positions[index] = torch.tensor(lengths, device=self.device)
+        for slot in slots:
+            self.vae_state.reset(slot)
+
+    def noise(self, generator: torch.Generator) -> torch.Tensor:
+        """One patch of diffusion noise [feat_dim, patch_size] from a request's own generator (on the CPU, so
+        the same seed gives the same noise on every device)."""
+        return torch.randn((1, self.feat_dim, self.patch_size), generator=generator, dtype=self.dtype)[0]
+
+    # -- the batched step -------------------------------------------------------------------------------
+    def _t_span(self, timesteps: int) -> torch.Tensor:
+        """VoxCPM2's solver schedule (UnifiedCFM.forward): linspace 1→0 with sway sampling, coefficient 1."""
+        if timesteps not in self._t_spans:
+            span = torch.linspace(1, 0, timesteps + 1, device=self.device, dtype=self.dtype)
+            self._t_spans[timesteps] = span + (torch.cos(torch.pi / 2 * span) - 1 + span)
+        return self._t_spans[timesteps]
+
+    @torch.inference_mode()
+    def step(
+        self, slots: list[int], timesteps: list[int], cfg_values: list[float], noise: torch.Tensor
+    ) -> tuple[torch.Tensor, list[bool]]:
+        """One patch for each slot: (audio [rows, samples] float32 on the CPU, stop-head decision per row).
+
+        noise: [rows, feat_dim, patch_size]. A row whose stop head fires (or that reached its limit) is done
+        after this patch; its LM positions advance anyway (harmless: the slot is prefilled afresh before use).
+        A batch whose rows all use the captured step count replays the CUDA graph of the smallest bucket that
+        holds it (padding rows step the scratch slot); any other batch runs eagerly.
+        """
+        rows = len(slots)
+        bucket = next((b for b in sorted(self.graphs) if b >= rows), 0)
+        if bucket and all(t == self.graph_timesteps for t in timesteps):
+            graph = self.graphs[bucket]
+            graph.rows[:rows].copy_(torch.tensor(slots), non_blocking=False)
+            graph.rows[rows:].fill_(self.scratch)
+            graph.noise[:rows].copy_(noise)
+            graph.cfg[:rows, 0, 0].copy_(torch.tensor(cfg_values))
+            graph.graph.replay()
+            audio, stop = graph.audio[:rows], graph.stop[:rows]
+        else:
+            device_rows = torch.tensor(slots, dtype=torch.long, device=self.device)
+            cfg = torch.tensor(cfg_values, device=self.device, dtype=self.dtype).view(-1, 1, 1)
+            audio, stop = self._advance(device_rows, noise.to(self.device, self.dtype), cfg, timesteps)
+        return audio.cpu(), [flag == 1 for flag in stop.tolist()]
+
+    def _advance(
+        self,
+        rows: torch.Tensor,
+        noise: torch.Tensor,
+        cfg: torch.Tensor,
+        timesteps: list[int],
+        length: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step on the device: (audio [rows, samples] float32, stop-head argmax [rows]). Shape-static
+        when `length` is given (attention over that many positions): what a CUDA graph captures."""
+        model = self.model
+        lm_hidden, residual_hidden = self.lm_hidden[rows], self.residual_hidden[rows]
+        mu = torch.cat((model.lm_to_dit_proj(lm_hidden), model.res_to_dit_proj(residual_hidden)), dim=-1)
+        condition = self.condition[rows].transpose(1, 2).contiguous()
+        groups = sorted(set(timesteps))
+        patches = torch.empty_like(noise)
+        for steps in groups:
+            inputs = (noise, mu, condition, cfg)
+            if len(groups) > 1:  # the rows of this step count only
+                picked = torch.tensor([i for i, t in enumerate(timesteps) if t == steps], device=self.device)
+                inputs = tuple(tensor.index_select(0, picked) for tensor in inputs)
+            x, group_mu, cond, group_cfg = inputs
+            solved = model.feat_decoder.solve_euler(
+                x=x, t_span=self._t_span(steps), mu=group_mu, cond=cond, cfg_value=group_cfg
+            )
+            if len(groups) > 1:
+                patches[picked] = solved
+            else:
+                patches = solved
+        patch = patches.transpose(1, 2)  # [rows, patch_size, feat_dim]
+        embed = model.enc_to_lm_proj(model.feat_encoder(patch.unsqueeze(1)))[:, 0]
+        self.condition[rows] = patch
+        self.vae_state.rows = rows
+        audio = model.audio_vae.decode(patches.to(torch.float32), self.sample_rate_condition)
+        stop = model.stop_head(model.stop_actn(model.stop_proj(lm_hidden))).argmax(dim=-1)
+
+        positions = self.positions[rows]
+        base = _lm_step(model.base_lm, self.caches["base"], rows, positions, embed, length)
+        lm_hidden = model.fsq_layer(base)
+        residual_in = model.fusion_concat_proj(torch.cat((lm_hidden, embed), dim=-1))
+        residual = _lm_step(model.residual_lm, self.caches["residual"], rows, positions, residual_in, length)
+        self.residual_hidden[rows] = residual
+        self.lm_hidden[rows] = lm_hidden
+        self.positions[rows] = positions + 1
+        self.positions[self.scratch :].zero_()  # padding rows never run past the cache (a kernel, no host copy)
+        return audio.reshape(rows.size(0), -1), stop
+
+    # -- CUDA graphs ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture_graphs(self, buckets: list[int], timesteps: int, cfg_value: float) -> None:
+        """Capture the step once per batch bucket (largest first, sharing one memory pool), for rows using
+        `timesteps` diffusion steps; attention then always spans the whole cache (`max_length`)."""
+        self.graph_timesteps = timesteps
+        self._t_span(timesteps)  # created outside the capture
+        pool = None
+        for bucket in sorted(buckets, reverse=True):
+            rows = torch.full((bucket,), self.scratch, dtype=torch.long, device=self.device)
+            noise = torch.zeros(bucket, self.feat_dim, self.patch_size, device=self.device, dtype=self.dtype)
+            cfg = torch.full((bucket, 1, 1), cfg_value, device=self.device, dtype=self.dtype)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up: allocations and library handles before the capture
+                    self._advance(rows, noise, cfg, [timesteps], self.max_length)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                audio, stop = self._advance(rows, noise, cfg, [timesteps], self.max_length)
+            pool = graph.pool()
+            self.graphs[bucket] = _GraphedStep(graph, rows, noise, cfg, audio, stop)
+        torch.cuda.synchronize()
+
+
+class _GraphedStep:
+    """A captured step and its static tensors: inputs copied in before a replay, outputs read after."""
+
+    def __init__(self, graph, rows, noise, cfg, audio, stop):
+        self.graph, self.rows, self.noise, self.cfg, self.audio, self.stop = graph, rows, noise, cfg, audio, stop
