@@ -38,6 +38,11 @@ class ServingConfig:
     probe_ceilings: bool = dataclasses.field(
         default=True, metadata={"help": "measure memory bandwidth and matmul peak at start-up"}
     )
+    tls_cert: str = dataclasses.field(default="", metadata={"help": "PEM certificate (chain): serve TLS on gRPC"})
+    tls_key: str = dataclasses.field(default="", metadata={"help": "PEM private key of --tls-cert"})
+    tls_client_ca: str = dataclasses.field(
+        default="", metadata={"help": "PEM CA bundle: mutual TLS, clients must present a certificate it signed"}
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -52,6 +57,12 @@ class ServingConfig:
             "device",
             f"must be 'cpu' or 'cuda[:N]', got {self.device!r}",
         )
+        require(bool(self.tls_cert) == bool(self.tls_key), "tls_key" if self.tls_cert else "tls_cert",
+                "TLS needs both a certificate (--tls-cert) and its key (--tls-key)")  # fmt: skip
+        require(not self.tls_client_ca or self.tls_cert, "tls_client_ca", "mutual TLS needs --tls-cert and --tls-key")
+        for field in ("tls_cert", "tls_key", "tls_client_ca"):
+            path = getattr(self, field)
+            require(not path or os.access(path, os.R_OK), field, f"{path!r} is not a readable file")
 
 
 C = typing.TypeVar("C", bound=ServingConfig)

@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings, measure_ceilings
 from voiceagent.serving.config import ServingConfig
 from voiceagent.serving.metrics import RpcMetricsInterceptor, service_metrics, start_metrics_endpoint
+from voiceagent.serving.tls import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,13 @@ class Server:
         reflection.enable_server_reflection(
             (*service.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc
         )
-        self.port = self.grpc.add_insecure_port(f"{config.host}:{config.port}")
+        address = f"{config.host}:{config.port}"
+        if config.tls_cert:
+            credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+            self.port = self.grpc.add_secure_port(address, credentials)
+        else:
+            self.port = self.grpc.add_insecure_port(address)
+        self.transport = ("mutual TLS" if config.tls_client_ca else "TLS") if config.tls_cert else "plaintext"
         self.metrics_port = 0
         self._metrics_server = None
         self.ceilings = UNMEASURED
@@ -81,7 +88,7 @@ class Server:
         self._metrics_server, self.metrics_port = start_metrics_endpoint(self.config.host, self.config.metrics_port)
         print(
             f"{self.service.name}: gRPC listening on {self.config.host}:{self.port}, "
-            f"metrics on http://{self.config.host}:{self.metrics_port}/metrics",
+            f"metrics on http://{self.config.host}:{self.metrics_port}/metrics ({self.transport})",
             flush=True,
         )
         if self.config.probe_ceilings:
