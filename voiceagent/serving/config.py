@@ -38,6 +38,11 @@ class ServingConfig:
     probe_ceilings: bool = dataclasses.field(
         default=True, metadata={"help": "measure memory bandwidth and matmul peak at start-up"}
     )
+    max_connection_age_s: float = dataclasses.field(
+        default=0.0,
+        metadata={"help": "send clients GOAWAY after a connection's age (in-flight calls finish) so they re-resolve "
+                  "DNS and reach new replicas; 0 = never"},
+    )  # fmt: skip
     tls_cert: str = dataclasses.field(default="", metadata={"help": "PEM certificate (chain): serve TLS on gRPC"})
     tls_key: str = dataclasses.field(default="", metadata={"help": "PEM private key of --tls-cert"})
     tls_client_ca: str = dataclasses.field(
@@ -52,6 +57,9 @@ class ServingConfig:
         require(0 <= self.metrics_port <= 65535, "metrics_port", f"must be 0..65535, got {self.metrics_port}")
         require(self.port == 0 or self.port != self.metrics_port, "metrics_port", "must differ from the gRPC port")
         require(self.grace_s >= 0, "grace_s", f"must be >= 0, got {self.grace_s}")
+        require(
+            self.max_connection_age_s >= 0, "max_connection_age_s", f"must be >= 0, got {self.max_connection_age_s}"
+        )
         require(
             self.device == "cpu" or self.device.startswith("cuda"),
             "device",

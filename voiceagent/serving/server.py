@@ -53,14 +53,16 @@ class Server:
         self.config = config
         self.metrics = service_metrics(service.name)
         self.metrics.init_methods(service.methods)
-        self.grpc = grpc.aio.server(
-            interceptors=[RpcMetricsInterceptor(self.metrics)],
-            options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
+        options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ]
+        if config.max_connection_age_s:
+            # GOAWAY at this age (in-flight calls still finish): a round_robin client re-resolves DNS on it, which is
+            # how it learns of replicas added since it connected (grpc does not re-resolve while connections live).
+            options.append(("grpc.max_connection_age_ms", round(config.max_connection_age_s * 1000)))
+        self.grpc = grpc.aio.server(interceptors=[RpcMetricsInterceptor(self.metrics)], options=options)
         service.add_to_server(self.grpc)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
