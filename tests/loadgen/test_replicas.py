@@ -41,7 +41,11 @@ def test_the_load_generators_channel_spreads_requests_over_every_replica_under_m
         target = "ipv4:" + ",".join(replica.address for replica in replicas)
         # the server name the certificates carry: the target names no single host
         endpoints = Endpoints(
-            tts=target, tls_ca=tls.ca, tls_cert=tls.cert, tls_key=tls.key, tls_server_name="localhost"
+            tts=target,
+            grpc_tls_ca=tls.ca,
+            grpc_tls_cert=tls.cert,
+            grpc_tls_key=tls.key,
+            grpc_tls_server_name="localhost",
         )
         workload = Workload(endpoints=endpoints, timeout_s=30)
         records: list[RequestRecord] = []
