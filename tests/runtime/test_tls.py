@@ -3,12 +3,15 @@ process serves them, the launcher's health check, the load generator's GetInfo a
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import grpc
 import pytest
 
 from loadgen.scrape import service_facts
 from tests.certs import make_certificates
-from tests.harness import running_service, venv_python
+from tests.harness import REPO, running_service, venv_python
 from tests.runtime.paced_service import PacedConfig
 from voiceagent.serving.config import load_config
 from voiceagent.serving.tls import ClientTls, open_channel
@@ -34,6 +37,15 @@ def refused(address: str, tls: ClientTls) -> grpc.StatusCode:
     return error.value.code()
 
 
+def image_health_check(address: str, **tls: str) -> subprocess.CompletedProcess:
+    """The images' HEALTHCHECK script, with its HEALTH_TLS_* settings."""
+    env = {**os.environ, **{f"HEALTH_TLS_{key.upper()}": value for key, value in tls.items()}}
+    script = REPO / "deploy" / "docker" / "grpc_health_check.py"
+    return subprocess.run(
+        [venv_python("dev"), str(script), address], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_mutual_tls_serves_a_client_with_a_certificate_and_refuses_others(certs, tmp_path):
     server = ["--tls-cert", certs.server_cert, "--tls-key", certs.server_key, "--tls-client-ca", certs.ca]
     client = ClientTls(certs.ca, certs.client_cert, certs.client_key)
@@ -47,6 +59,11 @@ def test_mutual_tls_serves_a_client_with_a_certificate_and_refuses_others(certs,
         stranger = make_certificates(tmp_path / "stranger", "stranger-ca")  # a certificate another CA signed
         with_foreign_cert = ClientTls(certs.ca, stranger.client_cert, stranger.client_key)
         assert refused(paced.address, with_foreign_cert) == grpc.StatusCode.UNAVAILABLE
+        # the images' health check: SERVING with the client certificate, a failure without one
+        served = image_health_check(paced.address, ca=certs.ca, cert=certs.client_cert, key=certs.client_key)
+        assert served.returncode == 0 and "SERVING" in served.stdout, served.stdout + served.stderr
+        assert image_health_check(paced.address, ca=certs.ca).returncode == 1
+        assert image_health_check(paced.address).returncode == 1
 
 
 def test_tls_serves_a_client_that_trusts_the_ca_and_refuses_one_that_does_not(certs, tmp_path):
