@@ -1,4 +1,5 @@
-"""checkov over deploy/: every overlay rendered alone and with every component, and every Dockerfile, has zero
+"""checkov over deploy/: every overlay rendered alone, with every component and with tls, and every
+Dockerfile, has zero
 failed checks apart from the skips deploy/checkov.yaml lists with their reasons; and checkov does bite."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.deploy.test_tls_component import with_tls
 from tests.deploy.tools import DEPLOY, K8S, OVERLAYS, REPO, kustomize, with_components
 
 CHECKOV = REPO / ".venv" / "checkov" / "bin" / "checkov"
@@ -41,6 +43,8 @@ def results(tmp_path_factory) -> dict[str, list[dict]]:
         (rendered / f"{overlay}.yaml").write_text(yaml.safe_dump_all(kustomize(K8S / "overlays" / overlay)))
         components = kustomize(with_components(overlay, tmp_path_factory.mktemp(overlay)))
         (rendered / f"{overlay}+components.yaml").write_text(yaml.safe_dump_all(components))
+        tls = with_tls(overlay, tmp_path_factory.mktemp(f"{overlay}-tls"))
+        (rendered / f"{overlay}+tls.yaml").write_text(yaml.safe_dump_all(tls))
     (careless / "careless.yaml").write_text(yaml.safe_dump(CARELESS))
     folders = [arg for folder in (rendered, careless, DEPLOY / "docker") for arg in ("-d", str(folder))]
     command = [str(CHECKOV), "--config-file", str(CONFIG), "--framework", "kubernetes", "dockerfile", *folders,
