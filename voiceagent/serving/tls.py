@@ -53,7 +53,7 @@ class ClientTls:
 
     def __post_init__(self) -> None:
         require(bool(self.cert) == bool(self.key), "tls_cert", "a client certificate needs its key and vice versa")
-        require(self.ca or not self.cert, "tls_ca", "a client certificate needs the CA that signed the servers'")
+        require(bool(self.ca) or not self.cert, "tls_ca", "a client certificate needs the CA that signed the servers'")
 
     @property
     def enabled(self) -> bool:
