@@ -16,12 +16,11 @@ import statistics
 import time
 from pathlib import Path
 
-import grpc
-
 from loadgen.processes import HttpProcess, peer_command
 from loadgen.results import LevelResult
 from loadgen.sweep import SweepPlan, free_port, run_sweep
 from loadgen.workload import Workload
+from voiceagent.serving.tls import open_channel
 from voiceagent.v1 import common_pb2, llm_pb2_grpc
 
 LEVELS = [1, 16]
@@ -128,7 +127,7 @@ def side_by_side(
 ) -> list[dict]:
     """Start `vllm serve` on our LLM's preset beside it, alternate short sweeps of both, return the rows."""
     folder.mkdir()
-    with grpc.insecure_channel(llm_address) as channel:
+    with open_channel(llm_address, workload.endpoints.tls) as channel:
         info = llm_pb2_grpc.TextGeneratorStub(channel).GetInfo(common_pb2.InfoRequest(), timeout=10)
     command = [*peer_command(info.model.preset, port := free_port()), *peer_args]
     stages.begin("starting vllm serve (the peer) on the same preset, beside our LLM service")

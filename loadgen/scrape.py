@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import grpc
-
 from loadgen.results import ServerCounters, ServiceFacts
 from voiceagent.serving.launcher import read_metrics
+from voiceagent.serving.tls import PLAINTEXT, ClientTls, open_channel
 from voiceagent.v1 import asr_pb2_grpc, common_pb2, llm_pb2_grpc, tts_pb2_grpc
 
 _STUBS = {
@@ -20,8 +19,8 @@ scrape = read_metrics  # every sample of a Prometheus endpoint, by name with its
 _WORK = {"flops_per_s": "model_flops", "read_bytes_per_s": "model_read_bytes", "steps_per_s": "engine_steps"}
 
 
-def service_facts(service: str, address: str, timeout_s: float = 10) -> ServiceFacts:
-    with grpc.insecure_channel(address) as channel:
+def service_facts(service: str, address: str, timeout_s: float = 10, tls: ClientTls = PLAINTEXT) -> ServiceFacts:
+    with open_channel(address, tls) as channel:
         info = _STUBS[service](channel).GetInfo(common_pb2.InfoRequest(), timeout=timeout_s)
     return ServiceFacts.from_info(info)
 

@@ -91,10 +91,14 @@ def target_facts(target: str, workload: Workload) -> ServiceFacts:
     endpoints = workload.endpoints
     if target == "openai":
         try:  # the peer serves the same preset as our LLM service; its facts are the model's facts
-            return dataclasses.replace(scrape.service_facts("llm", endpoints.llm), service="openai", backend="peer")
+            return dataclasses.replace(
+                scrape.service_facts("llm", endpoints.llm, tls=endpoints.tls), service="openai", backend="peer"
+            )
         except Exception:  # noqa: BLE001 — the peer can be measured without our service running
             return ServiceFacts("openai", "peer", "", "", "", "", 0, 0, 0.0, 0.0)
-    parts = [scrape.service_facts(service, getattr(endpoints, service)) for service in SERVICES[target]]
+    parts = [
+        scrape.service_facts(service, getattr(endpoints, service), tls=endpoints.tls) for service in SERVICES[target]
+    ]
     return parts[0] if len(parts) == 1 else scrape.combined_facts(target, parts)
 
 

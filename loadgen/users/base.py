@@ -19,6 +19,7 @@ from locust import User, constant, task
 
 from loadgen.results import RequestRecord
 from loadgen.workload import Workload
+from voiceagent.serving.tls import open_channel
 
 grpc.experimental.gevent.init_gevent()  # before any channel exists: gRPC's threads become greenlets
 
@@ -41,9 +42,10 @@ class LoadContext:
         self._channels: dict[str, grpc.Channel] = {}
 
     def channel(self, address: str) -> grpc.Channel:
-        """One channel per address per process: HTTP/2 multiplexes every user's streams over it."""
+        """One channel per address per process: HTTP/2 multiplexes every user's streams over it; an address that
+        resolves to several replicas (dns:///NAME:PORT) gets a connection to each, used round-robin."""
         if address not in self._channels:
-            self._channels[address] = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = open_channel(address, self.workload.endpoints.tls, CHANNEL_OPTIONS)
         return self._channels[address]
 
     def drain(self, timeout_s: float) -> bool:

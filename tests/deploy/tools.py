@@ -21,7 +21,12 @@ K8S = DEPLOY / "k8s"
 SERVICES = ("asr", "llm", "tts")
 OVERLAYS = ("cpu", "gpu")
 # Kustomize components: add-ons any overlay can take.
-COMPONENTS = (DEPLOY / "monitoring", K8S / "components" / "autoscaling", K8S / "components" / "locust")
+COMPONENTS = (
+    DEPLOY / "monitoring",
+    K8S / "components" / "autoscaling",
+    K8S / "components" / "locust",
+    K8S / "components" / "grpc-gateway",
+)
 CRD_MODULES = REPO / ".venv" / "deploy-tools" / "node_modules"
 KUBERNETES_VERSION = "1.37.0"
 

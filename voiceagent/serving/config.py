@@ -38,6 +38,16 @@ class ServingConfig:
     probe_ceilings: bool = dataclasses.field(
         default=True, metadata={"help": "measure memory bandwidth and matmul peak at start-up"}
     )
+    max_connection_age_s: float = dataclasses.field(
+        default=0.0,
+        metadata={"help": "send clients GOAWAY after a connection's age (in-flight calls finish) so they re-resolve "
+                  "DNS and reach new replicas; 0 = never"},
+    )  # fmt: skip
+    tls_cert: str = dataclasses.field(default="", metadata={"help": "PEM certificate (chain): serve TLS on gRPC"})
+    tls_key: str = dataclasses.field(default="", metadata={"help": "PEM private key of --tls-cert"})
+    tls_client_ca: str = dataclasses.field(
+        default="", metadata={"help": "PEM CA bundle: mutual TLS, clients must present a certificate it signed"}
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -48,10 +58,19 @@ class ServingConfig:
         require(self.port == 0 or self.port != self.metrics_port, "metrics_port", "must differ from the gRPC port")
         require(self.grace_s >= 0, "grace_s", f"must be >= 0, got {self.grace_s}")
         require(
+            self.max_connection_age_s >= 0, "max_connection_age_s", f"must be >= 0, got {self.max_connection_age_s}"
+        )
+        require(
             self.device == "cpu" or self.device.startswith("cuda"),
             "device",
             f"must be 'cpu' or 'cuda[:N]', got {self.device!r}",
         )
+        require(bool(self.tls_cert) == bool(self.tls_key), "tls_key" if self.tls_cert else "tls_cert",
+                "TLS needs both a certificate (--tls-cert) and its key (--tls-key)")  # fmt: skip
+        require(not self.tls_client_ca or self.tls_cert, "tls_client_ca", "mutual TLS needs --tls-cert and --tls-key")
+        for field in ("tls_cert", "tls_key", "tls_client_ca"):
+            path = getattr(self, field)
+            require(not path or os.access(path, os.R_OK), field, f"{path!r} is not a readable file")
 
 
 C = typing.TypeVar("C", bound=ServingConfig)

@@ -24,6 +24,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from voiceagent.serving.tls import PLAINTEXT, ClientTls, open_channel
+
 REPO = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"gRPC listening on (\S+):(\d+), metrics on (\S+)")
 
@@ -79,12 +81,14 @@ class Process:
 
 
 class ServiceProcess(Process):
-    """`python -m <module>` on free loopback ports; `address` and `metrics_url` once `wait_listening` returns."""
+    """`python -m <module>` on free loopback ports; `address` and `metrics_url` once `wait_listening` returns.
+    A service serving TLS (`--tls-cert` ... in `args`) is health-checked with `tls`."""
 
     def __init__(self, module: str, python: str = sys.executable, args: Sequence[str] = (), log: Path | None = None,
-                 env: dict[str, str] | None = None, host: str = "127.0.0.1"):  # fmt: skip
+                 env: dict[str, str] | None = None, host: str = "127.0.0.1", tls: ClientTls = PLAINTEXT):  # fmt: skip
         command = [python, "-u", "-m", module, "--host", host, "--port", "0", "--metrics-port", "0", *args]
         super().__init__(module.removeprefix("services."), command, log, env)
+        self.tls = tls
         self.address = self.metrics_url = ""
         self.serving_at = 0.0
 
@@ -100,7 +104,7 @@ class ServiceProcess(Process):
             time.sleep(0.1)
 
     def health(self, service: str = "") -> int:
-        with grpc.insecure_channel(self.address) as channel:
+        with open_channel(self.address, self.tls) as channel:
             request = health_pb2.HealthCheckRequest(service=service)
             return health_pb2_grpc.HealthStub(channel).Check(request, timeout=5).status
 
@@ -154,9 +158,10 @@ class HttpProcess(Process):
 
 
 def start_service(module: str, python: str = sys.executable, args: Sequence[str] = (),
-                  env: dict[str, str] | None = None, log: Path | None = None) -> ServiceProcess:  # fmt: skip
+                  env: dict[str, str] | None = None, log: Path | None = None,
+                  tls: ClientTls = PLAINTEXT) -> ServiceProcess:  # fmt: skip
     """Start `python -m module` on free loopback ports; returns once it is listening (not yet SERVING)."""
-    service = ServiceProcess(module, python, args, log, env)
+    service = ServiceProcess(module, python, args, log, env, tls=tls)
     try:
         service.wait_listening(timeout_s=120)
     except BaseException:
@@ -172,9 +177,10 @@ def running_service(
     args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 300,
+    tls: ClientTls = PLAINTEXT,
 ) -> Iterator[ServiceProcess]:
     """A SERVING service for the duration of the block; stopped (SIGTERM, then kill) afterwards."""
-    service = start_service(module, python, args, env)
+    service = start_service(module, python, args, env, tls=tls)
     try:
         service.wait_serving(ready_timeout_s)
         yield service

@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings, measure_ceilings
 from voiceagent.serving.config import ServingConfig
 from voiceagent.serving.metrics import RpcMetricsInterceptor, service_metrics, start_metrics_endpoint
+from voiceagent.serving.tls import server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +60,29 @@ class Server:
         self.metrics.init_methods(service.methods)
         limits = getattr(service, "message_limits", None)
         self.max_receive_bytes, self.max_send_bytes = limits() if limits else (MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES)
-        self.grpc = grpc.aio.server(
-            interceptors=[RpcMetricsInterceptor(self.metrics)],
-            options=[
-                ("grpc.max_receive_message_length", self.max_receive_bytes),
-                ("grpc.max_send_message_length", self.max_send_bytes),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
+        options = [
+            ("grpc.max_receive_message_length", self.max_receive_bytes),
+            ("grpc.max_send_message_length", self.max_send_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        if config.max_connection_age_s:
+            # GOAWAY at this age (in-flight calls still finish): a round_robin client re-resolves DNS on it, which is
+            # how it learns of replicas added since it connected (grpc does not re-resolve while connections live).
+            options.append(("grpc.max_connection_age_ms", round(config.max_connection_age_s * 1000)))
+        self.grpc = grpc.aio.server(interceptors=[RpcMetricsInterceptor(self.metrics)], options=options)
         service.add_to_server(self.grpc)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         reflection.enable_server_reflection(
             (*service.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc
         )
-        self.port = self.grpc.add_insecure_port(f"{config.host}:{config.port}")
+        address = f"{config.host}:{config.port}"
+        if config.tls_cert:
+            credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+            self.port = self.grpc.add_secure_port(address, credentials)
+        else:
+            self.port = self.grpc.add_insecure_port(address)
+        self.transport = ("mutual TLS" if config.tls_client_ca else "TLS") if config.tls_cert else "plaintext"
         self.metrics_port = 0
         self._metrics_server = None
         self.ceilings = UNMEASURED
@@ -88,7 +97,7 @@ class Server:
         self._metrics_server, self.metrics_port = start_metrics_endpoint(self.config.host, self.config.metrics_port)
         print(
             f"{self.service.name}: gRPC listening on {self.config.host}:{self.port}, "
-            f"metrics on http://{self.config.host}:{self.metrics_port}/metrics",
+            f"metrics on http://{self.config.host}:{self.metrics_port}/metrics ({self.transport})",
             flush=True,
         )
         if self.config.probe_ceilings:
