@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from services.asr.backends import load_backend
+from services.asr.backends import load_in_process
 from services.asr.config import AsrConfig
 
 
@@ -49,7 +49,7 @@ def main() -> None:
         preset=args.preset, device=args.device, dtype="bfloat16", max_streams=args.max_streams,
         max_batch_streams=args.max_streams, graph_chunks=str(args.chunk_ms),
     )  # fmt: skip
-    backend = load_backend(config)
+    backend = load_in_process(config)
     built = time.perf_counter()
     backend.prepare_padded_steps()  # (the service does this after its warm-up)
     step = backend.padded[args.chunk_ms, False]  # the steady step

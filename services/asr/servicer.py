@@ -72,13 +72,10 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
 
     async def start(self, ceilings: DeviceCeilings) -> None:
         self.ceilings = ceilings
-        if self.backend is None and self.config.engine_process:
-            from services.asr.backends.engine_process import EngineProcess
-
-            self.backend = EngineProcess(self.config)
-        elif self.backend is None:
+        if self.backend is None:
             from services.asr.backends import load_backend
 
+            # off the event loop: an in-process backend builds its model here (the engine process in start)
             self.backend = await asyncio.to_thread(load_backend, self.config)
         await self.backend.start()
         self.ready = True

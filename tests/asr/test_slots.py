@@ -7,13 +7,13 @@ import pytest
 torch = pytest.importorskip("torch")  # the asr environment always has it; the import is only slow
 
 from services.asr.backend import StreamSettings  # noqa: E402
-from services.asr.backends import load_backend  # noqa: E402
+from services.asr.backends import load_in_process  # noqa: E402
 from services.asr.backends.slots import rows  # noqa: E402
 from services.asr.config import AsrConfig  # noqa: E402
 
 
 def test_a_second_wave_of_streams_gets_consecutive_slots_whatever_order_the_first_left_in():
-    backend = load_backend(AsrConfig(preset="tiny", max_streams=8))
+    backend = load_in_process(AsrConfig(preset="tiny", max_streams=8))
     settings = StreamSettings("wave", 160)
     first = [backend._new_stream(settings) for _ in range(5)]
     assert [stream.slot for stream in first] == [0, 1, 2, 3, 4]

@@ -1,4 +1,9 @@
-"""Recognizer backends, one module per way of driving NeMo; `load_backend` builds the configured one."""
+"""Recognizer backends, one module per way of driving NeMo; `load_backend` builds the configured one.
+
+engine_process.py: the engine in a child process beside the gRPC server (the default). nemo_cache_aware.py:
+cache-aware streaming, in this process. nemo_buffered.py: the baseline that re-encodes a sliding window. The
+shared engine they drive (streams, batching, slots, greedy decoding, features) is services/asr/engine/.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,17 @@ if TYPE_CHECKING:
 
 
 def load_backend(config: AsrConfig) -> RecognizerBackend:
-    """Build the model (blocking: call it off the event loop) and wrap it in the configured backend."""
+    """The configured backend, not started yet: the engine process (`engine_process`, the default) runs
+    `load_in_process` in a child; otherwise this builds the model here (blocking: call it off the event loop)."""
+    if config.engine_process:
+        from services.asr.backends.engine_process import EngineProcess
+
+        return EngineProcess(config)
+    return load_in_process(config)
+
+
+def load_in_process(config: AsrConfig) -> RecognizerBackend:
+    """Build the model (blocking) and wrap it in the configured in-process backend: cache-aware or buffered."""
     import torch
 
     from services.asr.backends import fastconformer

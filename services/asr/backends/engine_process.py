@@ -7,7 +7,7 @@ turn plus a cross-core wake-up. On this 2-core CPU a thread holding the GIL 5 % 
 batched step ~7 %, 20 % of the time ~37 %. In its own process the step has an interpreter to itself
 (vLLM splits its engine core from its API server for the same reason).
 
-The engine process runs the configured backend unchanged (`load_backend`) on its own event loop. Audio is
+The engine process runs the configured in-process backend unchanged (`load_in_process`) on its own event loop. Audio is
 stamped with its arrival time here, so latencies still count from when the gRPC server received it.
 Metric calls in the engine process are forwarded and applied to this process's Prometheus registry: one
 endpoint, the same series. If the engine process dies, open streams fail with EngineUnavailable and the
@@ -215,13 +215,13 @@ def _engine_main(config: AsrConfig, sock: socket.socket) -> None:
 
 
 async def _serve_engine(config: AsrConfig, sock: socket.socket) -> None:
-    from services.asr.backends import load_backend
+    from services.asr.backends import load_in_process
 
     channel = await Channel.open(sock)
     for name in metrics.FORWARDED:  # before the backend looks any of them up
         setattr(metrics, name, _Forwarded(channel, name))
     try:
-        backend = await asyncio.to_thread(load_backend, config)
+        backend = await asyncio.to_thread(load_in_process, config)
         backend.work = _Forwarded(channel, "work")
         await backend.start()
     except Exception as exc:
