@@ -63,8 +63,8 @@ class EngineDirect:
         import torch
 
         torch.set_num_threads(threads)
-        from services.asr.backends import fastconformer
         from services.asr.config import AsrConfig
+        from services.asr.engine import fastconformer
 
         self.torch = torch
         self.model, _ = fastconformer.build_model(AsrConfig(preset=preset).preset_file)
@@ -77,7 +77,7 @@ class EngineDirect:
     def rtf(self, chunk_ms: int, streams: int, seconds: float) -> float:
         from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
 
-        from services.asr.backends.fastconformer import context_for_chunk_ms
+        from services.asr.engine.fastconformer import context_for_chunk_ms
 
         torch, model = self.torch, self.model
         audio = clips(streams, seconds)

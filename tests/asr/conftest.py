@@ -23,7 +23,7 @@ def tiny_checkpoint(tmp_path_factory) -> str:
     """The tiny preset saved with NeMo's own `save_to`, in a child process like the servers."""
     path = tmp_path_factory.mktemp("checkpoint") / "tiny.nemo"
     script = (
-        "from services.asr.config import AsrConfig; from services.asr.backends import fastconformer as fc; "
+        "from services.asr.config import AsrConfig; from services.asr.engine import fastconformer as fc; "
         f"model, _ = fc.build_model(AsrConfig(preset='tiny').preset_file, seed=7); model.save_to({str(path)!r})"
     )
     subprocess.run([venv_python("asr"), "-c", script], cwd=REPO, check=True, capture_output=True, timeout=300)

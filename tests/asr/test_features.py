@@ -7,8 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")  # the asr environment always has it; the import is only slow
 
-from services.asr.backends import fastconformer as fc  # noqa: E402
 from services.asr.config import AsrConfig  # noqa: E402
+from services.asr.engine import fastconformer as fc  # noqa: E402
+from services.asr.engine import features  # noqa: E402
 from tests.asr.client import clip  # noqa: E402
 
 
@@ -16,7 +17,7 @@ def test_batched_frames_are_each_streams_offline_frames():
     model, _ = fc.build_model(AsrConfig(preset="tiny").preset_file)
     preprocessor, mel_bins = model.preprocessor, fc.encoder_shape(model).mel_bins
     clips = [clip(seconds, seed=index) for index, seconds in enumerate((1.23, 0.4, 2.0))]
-    streams = [fc.FeatureStream(mel_bins) for _ in clips]
+    streams = [features.FeatureStream(mel_bins) for _ in clips]
     taken = [[] for _ in clips]
     rng = np.random.default_rng(0)
     sent = [0] * len(clips)
@@ -29,14 +30,14 @@ def test_batched_frames_are_each_streams_offline_frames():
                 sent[index] += len(piece)
             finals = [sent[index] == len(audio) for index, audio in enumerate(clips)]
             segments = [stream.next_segment(final) for stream, final in zip(streams, finals, strict=True)]
-            for index, frames in enumerate(fc.mel_frames(preprocessor, mel_bins, segments, "cpu")):
+            for index, frames in enumerate(features.mel_frames(preprocessor, mel_bins, segments, "cpu")):
                 taken[index].append(frames)
         for index, audio in enumerate(clips):
             streamed = torch.cat(taken[index], dim=1)
             offline, length = preprocessor(
                 input_signal=torch.from_numpy(audio)[None], length=torch.tensor([len(audio)])
             )
-            assert streamed.shape[1] == int(length[0]) == len(audio) // fc.HOP_SAMPLES  # each frame once
+            assert streamed.shape[1] == int(length[0]) == len(audio) // features.HOP_SAMPLES  # each frame once
             torch.testing.assert_close(
                 streamed, offline[0, :, : int(length[0])], atol=1e-5, rtol=0
             )  # float rounding: observed <= 1 ulp

@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")  # the asr environment always has it; the import is only slow
 
-from services.asr.backends import fastconformer as fc  # noqa: E402
-from services.asr.backends.greedy import GreedyDecoder  # noqa: E402
 from services.asr.config import AsrConfig  # noqa: E402
+from services.asr.engine import fastconformer as fc  # noqa: E402
+from services.asr.engine.greedy import GreedyDecoder  # noqa: E402
 
 
 def test_chunked_decoding_from_scattered_slots_equals_one_offline_decode():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.asr.backends.step_graphs import bucket_for, buckets_up_to
+from services.asr.engine.step_graphs import bucket_for, buckets_up_to
 from tests.asr.client import CHUNK_MS, clip, config, metric, recorded, stream, streams_together, stub
 from voiceagent.v1 import asr_pb2, common_pb2
 

@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")  # the asr environment always has it; the i
 
 from services.asr.backend import StreamSettings  # noqa: E402
 from services.asr.backends import load_in_process  # noqa: E402
-from services.asr.backends.slots import rows  # noqa: E402
 from services.asr.config import AsrConfig  # noqa: E402
+from services.asr.engine.slots import rows  # noqa: E402
 
 
 def test_a_second_wave_of_streams_gets_consecutive_slots_whatever_order_the_first_left_in():

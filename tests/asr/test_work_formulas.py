@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")  # the asr environment always has it; the i
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from services.asr.backends import fastconformer as fc  # noqa: E402
 from services.asr.config import AsrConfig  # noqa: E402
+from services.asr.engine import fastconformer as fc  # noqa: E402
 
 
 @pytest.mark.parametrize("right", [0, 3, 13])

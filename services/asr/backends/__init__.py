@@ -28,7 +28,7 @@ def load_in_process(config: AsrConfig) -> RecognizerBackend:
     """Build the model (blocking) and wrap it in the configured in-process backend: cache-aware or buffered."""
     import torch
 
-    from services.asr.backends import fastconformer
+    from services.asr.engine import fastconformer
 
     if config.threads:
         torch.set_num_threads(config.threads)

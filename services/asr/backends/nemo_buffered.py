@@ -18,8 +18,9 @@ import math
 
 import torch
 
-from services.asr.backends import fastconformer as fc
-from services.asr.backends.batching import BatchingBackend, GroupResult, Stream
+from services.asr.engine import fastconformer as fc
+from services.asr.engine.batching import BatchingBackend, GroupResult
+from services.asr.engine.stream import Stream
 
 
 class BufferedBackend(BatchingBackend):

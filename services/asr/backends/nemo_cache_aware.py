@@ -24,10 +24,11 @@ import time
 import torch
 
 from services.asr import metrics
-from services.asr.backends import fastconformer as fc
-from services.asr.backends.batching import BatchingBackend, GroupResult, Stream
-from services.asr.backends.slots import gather, rows, scatter
-from services.asr.backends.step_graphs import PaddedStep, bucket_for, buckets_up_to
+from services.asr.engine import fastconformer as fc
+from services.asr.engine.batching import BatchingBackend, GroupResult
+from services.asr.engine.slots import gather, rows, scatter
+from services.asr.engine.step_graphs import PaddedStep, bucket_for, buckets_up_to
+from services.asr.engine.stream import Stream
 
 log = logging.getLogger(__name__)
 

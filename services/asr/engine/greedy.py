@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedLabelLoopingState
 
-from services.asr.backends.slots import gather, rows, scatter
+from services.asr.engine.slots import gather, rows, scatter
 
 
 class GreedyDecoder:

@@ -19,12 +19,8 @@ the streaming result, which for the cache-aware backend equals the offline pass 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import dataclasses
 import heapq
-import re
-import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -34,12 +30,12 @@ import torch
 
 from services.asr import metrics
 from services.asr.backend import OfflineResult, RecognitionUpdate, StreamSettings
-from services.asr.backends import fastconformer as fc
-from services.asr.backends.greedy import GreedyDecoder
+from services.asr.engine import fastconformer as fc
+from services.asr.engine import features
+from services.asr.engine.greedy import GreedyDecoder
+from services.asr.engine.stream import GroupResult, Stream, record_encoder_output
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
-
-_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
 Arrival = tuple[np.ndarray | None, float]  # audio and when it arrived (time.perf_counter); None: the end
 OFFLINE_LANES = 1  # long clips stepped at once; more wait for the lane (each holds a cache slot)
@@ -54,70 +50,6 @@ async def _finish_holding(work: asyncio.Future):
         with contextlib.suppress(Exception):
             await work
         raise
-
-
-class Stream:
-    """One client stream's state between steps: audio, mel frames, decoder hypothesis, cache slot."""
-
-    def __init__(self, settings: StreamSettings, context: list[int], features: fc.FeatureStream, slot: int, device):
-        self.settings = settings
-        self.context = context
-        self.features = features
-        self.feature_lock = threading.Lock()  # append (event loop) vs next_segment (worker thread)
-        self.slot = slot
-        self.joined_at = time.perf_counter()
-        self.steps = 0
-        self.mel_consumed = 0  # mel frames the encoder has consumed
-        # Mel frames live on the serving device: recent consumed ones (pre-encode cache / window) and those
-        # computed but not consumed yet.
-        self.history = torch.zeros(features.mel_bins, 0, device=device)
-        self.pending = torch.zeros(features.mel_bins, 0, device=device)
-        self.token_ids: list[int] = []  # the decoder's state is in the backend's pool, row `slot`
-        self.transcript = ""  # the text of token_ids, extended as tokens are added
-        self.closed = False
-        self.closed_at = 0.0
-        self.finished = False
-        self.abandoned = False  # the client went away; free the slot once no step holds it
-        self.in_step = False
-        self.arrivals: collections.deque[tuple[int, float]] = collections.deque()  # (total samples, time)
-        self.updates: asyncio.Queue = asyncio.Queue()
-        self.encoded: list[np.ndarray] = []  # kept only when recording encoder outputs
-
-    def append(self, audio: np.ndarray, arrived_at: float) -> None:
-        with self.feature_lock:
-            self.features.append(audio)
-        self.arrivals.append((self.features.total_samples, arrived_at))
-
-    def mel_available(self) -> int:
-        return self.features.available(self.closed)
-
-    def feature_segment(self) -> tuple[np.ndarray, int, int]:
-        with self.feature_lock:
-            return self.features.next_segment(self.closed)
-
-    def add_features(self, frames: torch.Tensor) -> None:
-        if frames.shape[1]:
-            self.pending = torch.cat((self.pending, frames), dim=1) if self.pending.shape[1] else frames
-
-    def arrival_of_sample(self, sample: int) -> float:
-        """When the audio up to `sample` had arrived (the end of the clip counts as arriving at half-close)."""
-        while len(self.arrivals) > 1 and self.arrivals[0][0] < sample:
-            self.arrivals.popleft()
-        if self.arrivals and self.arrivals[0][0] >= sample:
-            return self.arrivals[0][1]
-        return self.closed_at or time.perf_counter()
-
-
-@dataclasses.dataclass
-class GroupResult:
-    """What `encode_group` returns: encoder output [B, D, T], valid frames per stream, frames computed."""
-
-    encoded: torch.Tensor
-    lengths: list[int]
-    frames_computed: list[int]  # encoder frames the step computed for each stream ("each frame once")
-    flops: float
-    read_bytes: float
-    new_tokens: list[list[int]] | None = None  # already decoded (a padded step decodes in its own call)
 
 
 class BatchingBackend:
@@ -146,7 +78,7 @@ class BatchingBackend:
         self.max_batch_streams = max_batch_streams
         self.batch_wait_fraction = batch_wait_fraction
         self.join_window_s = join_window_ms / 1000
-        self.offline_pass_samples = offline_pass_s * fc.SAMPLE_RATE
+        self.offline_pass_samples = offline_pass_s * features.SAMPLE_RATE
         self.offline_slice_s = offline_slice_ms / 1000
         self.slot_count = max_streams + OFFLINE_LANES  # the last OFFLINE_LANES slots step long offline clips
         self.record_dir = Path(record_dir) if record_dir else None
@@ -201,7 +133,7 @@ class BatchingBackend:
 
     def warm_up(self) -> None:
         """One offline pass and one streamed clip per chunk size, so no first request pays for lazy setup."""
-        clip = np.random.default_rng(0).standard_normal(fc.SAMPLE_RATE).astype(np.float32) * 0.1
+        clip = np.random.default_rng(0).standard_normal(features.SAMPLE_RATE).astype(np.float32) * 0.1
         for chunk_ms in self.chunk_ms_choices:
             self._offline(StreamSettings("warm-up", chunk_ms), clip)
             stream = self._new_stream(StreamSettings("warm-up", chunk_ms, False))
@@ -234,7 +166,7 @@ class BatchingBackend:
             "max_batch_streams": self.max_batch_streams,
             "batch_wait_fraction": self.batch_wait_fraction,
             "join_window_ms": self.join_window_s * 1000,
-            "offline_pass_s": self.offline_pass_samples / fc.SAMPLE_RATE,
+            "offline_pass_s": self.offline_pass_samples / features.SAMPLE_RATE,
             "offline_slice_ms": self.offline_slice_s * 1000,
         }
 
@@ -244,7 +176,7 @@ class BatchingBackend:
         context = self.contexts[settings.chunk_ms]
         self.reset_slot(slot, context)
         self.decoder.reset(slot)
-        return Stream(settings, context, fc.FeatureStream(self.shape.mel_bins), slot, self.device)
+        return Stream(settings, context, features.FeatureStream(self.shape.mel_bins), slot, self.device)
 
     def _release(self, stream: Stream) -> None:
         heapq.heappush(self.free_slots, stream.slot)
@@ -398,13 +330,14 @@ class BatchingBackend:
         now = time.perf_counter()
         metrics.final_latency.labels(str(stream.settings.chunk_ms)).observe(now - stream.closed_at)
         if self.record_dir is not None:
-            self._record(stream.settings.request_id, "streaming", stream.encoded, stream.token_ids)
+            name, width = f"{stream.settings.request_id}.{self.name}", self.shape.d_model
+            record_encoder_output(self.record_dir, name, "streaming", stream.encoded, stream.token_ids, width)
         stream.updates.put_nowait(
             RecognitionUpdate(
                 transcript=stream.transcript,
                 token_ids=tuple(stream.token_ids),
                 is_final=True,
-                audio_processed_s=stream.mel_consumed * fc.HOP_SAMPLES / fc.SAMPLE_RATE,
+                audio_processed_s=stream.mel_consumed * features.HOP_SAMPLES / features.SAMPLE_RATE,
                 processing_latency_s=now - stream.closed_at,
                 chunk_index=last.chunk_index if last else max(stream.steps - 1, 0),
                 encoder_frames=last.encoder_frames if last else 0,
@@ -419,7 +352,7 @@ class BatchingBackend:
         # The new mel frames of every stream in one batched preprocessor call on the serving device: one
         # call per stream would cost a CPU STFT (and a host-to-device copy) per stream per step.
         segments = [stream.feature_segment() for stream in streams]
-        new_frames = fc.mel_frames(self.model.preprocessor, self.shape.mel_bins, segments, self.device)
+        new_frames = features.mel_frames(self.model.preprocessor, self.shape.mel_bins, segments, self.device)
         chunks = []
         for stream, frames in zip(streams, new_frames, strict=True):
             stream.add_features(frames)
@@ -439,11 +372,11 @@ class BatchingBackend:
         self.work.record_work(result.flops, result.read_bytes)
         metrics.encoder_frames.labels(chunk_label).inc(sum(result.frames_computed))
         mel_consumed = sum(chunk.shape[1] for chunk in chunks)
-        metrics.audio_processed.labels(chunk_label).inc(mel_consumed * fc.HOP_SAMPLES / fc.SAMPLE_RATE)
+        metrics.audio_processed.labels(chunk_label).inc(mel_consumed * features.HOP_SAMPLES / features.SAMPLE_RATE)
         updates = []
         for index, (stream, chunk, tokens) in enumerate(zip(streams, chunks, new_tokens, strict=True)):
             completed_at = stream.arrival_of_sample(
-                (stream.mel_consumed + chunk.shape[1] - 1) * fc.HOP_SAMPLES + fc.STFT_HALF_WINDOW
+                (stream.mel_consumed + chunk.shape[1] - 1) * features.HOP_SAMPLES + features.STFT_HALF_WINDOW
             )
             stream.mel_consumed += chunk.shape[1]
             known = len(stream.token_ids)
@@ -457,7 +390,7 @@ class BatchingBackend:
                     transcript=stream.transcript,
                     token_ids=tuple(stream.token_ids),
                     is_final=False,
-                    audio_processed_s=stream.mel_consumed * fc.HOP_SAMPLES / fc.SAMPLE_RATE,
+                    audio_processed_s=stream.mel_consumed * features.HOP_SAMPLES / features.SAMPLE_RATE,
                     processing_latency_s=max(0.0, finished - completed_at),
                     chunk_index=stream.steps,
                     encoder_frames=result.frames_computed[index],
@@ -492,7 +425,7 @@ class BatchingBackend:
             return OfflineResult(
                 transcript=stream.transcript,
                 token_ids=tuple(stream.token_ids),
-                audio_s=len(audio) / fc.SAMPLE_RATE,
+                audio_s=len(audio) / features.SAMPLE_RATE,
                 processing_s=time.perf_counter() - started,
             )
         finally:
@@ -505,7 +438,7 @@ class BatchingBackend:
         started = time.perf_counter()
         while time.perf_counter() - started < self.offline_slice_s:
             while not stream.closed and stream.mel_available() < stream.mel_consumed + self.chunk_mel(stream):
-                piece = audio[fed : fed + fc.SAMPLE_RATE]
+                piece = audio[fed : fed + features.SAMPLE_RATE]
                 fed += len(piece)
                 stream.append(piece, started)
                 if fed >= len(audio):
@@ -532,20 +465,14 @@ class BatchingBackend:
             token_ids = _token_list(hypothesis.y_sequence)
         if self.record_dir is not None and settings.request_id != "warm-up":
             frames = encoded[0, :, : int(encoded_len[0])].T.float().cpu().numpy()
-            self._record(settings.request_id, "offline", [frames], token_ids)
+            name = f"{settings.request_id}.{self.name}"
+            record_encoder_output(self.record_dir, name, "offline", [frames], token_ids, self.shape.d_model)
         return OfflineResult(
             transcript=self.detokenizer(token_ids),
             token_ids=tuple(token_ids),
-            audio_s=len(audio) / fc.SAMPLE_RATE,
+            audio_s=len(audio) / features.SAMPLE_RATE,
             processing_s=time.perf_counter() - started,
         )
-
-    def _record(self, request_id: str, kind: str, encoded: list[np.ndarray], token_ids: list[int]) -> None:
-        """Debug: keep a stream's encoder output so tests can compare streaming with offline exactly."""
-        frames = np.concatenate(encoded) if encoded else np.zeros((0, self.shape.d_model), np.float32)
-        self.record_dir.mkdir(parents=True, exist_ok=True)
-        path = self.record_dir / f"{_SAFE_ID.sub('_', request_id)}.{self.name}.{kind}.npz"
-        np.savez(path, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64))
 
 
 async def _arrivals(audio: AsyncIterator[np.ndarray]) -> AsyncIterator[Arrival]:

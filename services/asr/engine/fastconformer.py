@@ -1,4 +1,5 @@
-"""The NeMo FastConformer RNN-T model both backends drive: building it, features, decoding, work formulas.
+"""The NeMo FastConformer RNN-T model both backends drive: building it, its chunk sizes, detokenizing, work
+formulas (the streamed mel features are features.py).
 
 A preset (services/asr/presets/<name>.yaml) builds the real architecture with synthetic weights; a `.nemo`
 path restores a real checkpoint. Presets use character-level labels (`EncDecRNNTModel`) padded with letter
@@ -13,8 +14,6 @@ import itertools
 import string
 from pathlib import Path
 
-import numpy as np
-
 try:
     import torch
     from nemo.collections.asr.models import ASRModel, EncDecRNNTModel
@@ -24,9 +23,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "the ASR backends need NeMo: `make setup` (or pip install -r services/asr/requirements.txt)"
     ) from exc
 
-SAMPLE_RATE = 16000
-HOP_SAMPLES = 160  # 10 ms mel hop
-STFT_HALF_WINDOW = 256  # n_fft / 2: a mel frame centred at t needs samples up to t + 256
 ENCODER_FRAME_MS = 80  # 8x subsampling of 10 ms mel frames
 MEL_PER_ENCODER_FRAME = 8
 
@@ -77,81 +73,6 @@ def encoder_frames_for_mel(mel_frames: int) -> int:
     """Encoder frames of `mel_frames` from the start of a clip: the causal 8x subsampling emits frame 0 from
     mel frame 0 alone, then one frame per 8 mel frames begun: 1 + ceil((M - 1) / 8)."""
     return 0 if mel_frames <= 0 else 1 + -(-(mel_frames - 1) // MEL_PER_ENCODER_FRAME)
-
-
-class FeatureStream:
-    """Log-mel frames of a growing clip, each computed once, equal to one pass over the whole clip (to float
-    rounding: batching changes the FFT/matmul blocking, observed <= 1 ulp).
-
-    A frame centred on sample 160·t needs samples up to 160·t + 256, so frames lag the audio by 16 ms until
-    the end, where the clip is closed the way the offline preprocessor closes it (zero padding). This class
-    only cuts the audio; `mel_frames` computes many streams' segments in one batched preprocessor call.
-    """
-
-    def __init__(self, mel_bins: int):
-        self.mel_bins = mel_bins
-        self.samples = np.zeros(0, dtype=np.float32)
-        self.sample_offset = 0  # clip index of self.samples[0]
-        self.arrived: list[np.ndarray] = []  # pieces not joined to `samples` yet
-        self.total_samples = 0
-        self.mel_done = 0  # frames already returned
-
-    def append(self, audio: np.ndarray) -> None:
-        # Joined once per step in next_segment: joining per piece copies the kept samples again for every
-        # piece (quadratic when a client sends many pieces between two steps).
-        self.arrived.append(audio)
-        self.total_samples += len(audio)
-
-    def available(self, final: bool) -> int:
-        """Mel frames that can be computed exactly now (all of them once the clip is closed)."""
-        total = self.total_samples
-        if final:
-            return total // HOP_SAMPLES
-        return max(0, (total - STFT_HALF_WINDOW) // HOP_SAMPLES + 1)
-
-    def next_segment(self, final: bool) -> tuple[np.ndarray, int, int]:
-        """The audio the next frames are computed from, and which of its frames are new: (samples, skip, count).
-
-        The segment starts 4 frames early (640 samples > the 257 the window and pre-emphasis reach back), on
-        the hop grid, so its frames from `skip` on are the clip's own. Marks the frames as taken."""
-        end = self.available(final)
-        if end <= self.mel_done:
-            return self.samples[:0], 0, 0
-        if self.arrived:
-            self.samples = np.concatenate((self.samples, *self.arrived))
-            self.arrived.clear()
-        first = max(0, self.mel_done - 4)
-        segment = self.samples[first * HOP_SAMPLES - self.sample_offset :]
-        skip, count = self.mel_done - first, end - self.mel_done
-        self.mel_done = end
-        # Keep only what the next segment reaches back to (`segment` keeps its own reference).
-        keep_from = max(0, self.mel_done - 4) * HOP_SAMPLES
-        if keep_from > self.sample_offset:
-            self.samples = self.samples[keep_from - self.sample_offset :]
-            self.sample_offset = keep_from
-        return segment, skip, count
-
-
-def mel_frames(preprocessor, mel_bins: int, segments: list[tuple[np.ndarray, int, int]], device) -> list[torch.Tensor]:
-    """The new frames [feat, count] of every segment from ONE batched preprocessor call on `device`.
-
-    Segments are zero-padded to the longest; the preprocessor masks each row at its own length (pre-emphasis
-    and frames), so a row's frames are those of the segment alone."""
-    empty = torch.zeros(mel_bins, 0, device=device)
-    busy = [index for index, (_samples, _skip, count) in enumerate(segments) if count]
-    if not busy:
-        return [empty] * len(segments)
-    longest = max(len(segments[index][0]) for index in busy)
-    signal = np.zeros((len(busy), longest), dtype=np.float32)
-    for row, index in enumerate(busy):
-        signal[row, : len(segments[index][0])] = segments[index][0]
-    lengths = torch.tensor([len(segments[index][0]) for index in busy])
-    mel, _ = preprocessor(input_signal=torch.from_numpy(signal).to(device), length=lengths.to(device))
-    frames = [empty] * len(segments)
-    for row, index in enumerate(busy):
-        _samples, skip, count = segments[index]
-        frames[index] = mel[row, :, skip : skip + count]
-    return frames
 
 
 class Detokenizer:

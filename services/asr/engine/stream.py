@@ -1,0 +1,94 @@
+"""One client stream's state between engine steps (its audio and mel frames, hypothesis and cache slot), what
+encoding a group of streams returns, and the debug recording of a stream's encoder output."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import re
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from services.asr.backend import StreamSettings
+from services.asr.engine.features import FeatureStream
+
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class Stream:
+    """One client stream's state between steps: audio, mel frames, decoder hypothesis, cache slot."""
+
+    def __init__(self, settings: StreamSettings, context: list[int], features: FeatureStream, slot: int, device):
+        self.settings = settings
+        self.context = context
+        self.features = features
+        self.feature_lock = threading.Lock()  # append (event loop) vs next_segment (worker thread)
+        self.slot = slot
+        self.joined_at = time.perf_counter()
+        self.steps = 0
+        self.mel_consumed = 0  # mel frames the encoder has consumed
+        # Mel frames live on the serving device: recent consumed ones (pre-encode cache / window) and those
+        # computed but not consumed yet.
+        self.history = torch.zeros(features.mel_bins, 0, device=device)
+        self.pending = torch.zeros(features.mel_bins, 0, device=device)
+        self.token_ids: list[int] = []  # the decoder's state is in the backend's pool, row `slot`
+        self.transcript = ""  # the text of token_ids, extended as tokens are added
+        self.closed = False
+        self.closed_at = 0.0
+        self.finished = False
+        self.abandoned = False  # the client went away; free the slot once no step holds it
+        self.in_step = False
+        self.arrivals: collections.deque[tuple[int, float]] = collections.deque()  # (total samples, time)
+        self.updates: asyncio.Queue = asyncio.Queue()
+        self.encoded: list[np.ndarray] = []  # kept only when recording encoder outputs
+
+    def append(self, audio: np.ndarray, arrived_at: float) -> None:
+        with self.feature_lock:
+            self.features.append(audio)
+        self.arrivals.append((self.features.total_samples, arrived_at))
+
+    def mel_available(self) -> int:
+        return self.features.available(self.closed)
+
+    def feature_segment(self) -> tuple[np.ndarray, int, int]:
+        with self.feature_lock:
+            return self.features.next_segment(self.closed)
+
+    def add_features(self, frames: torch.Tensor) -> None:
+        if frames.shape[1]:
+            self.pending = torch.cat((self.pending, frames), dim=1) if self.pending.shape[1] else frames
+
+    def arrival_of_sample(self, sample: int) -> float:
+        """When the audio up to `sample` had arrived (the end of the clip counts as arriving at half-close)."""
+        while len(self.arrivals) > 1 and self.arrivals[0][0] < sample:
+            self.arrivals.popleft()
+        if self.arrivals and self.arrivals[0][0] >= sample:
+            return self.arrivals[0][1]
+        return self.closed_at or time.perf_counter()
+
+
+@dataclasses.dataclass
+class GroupResult:
+    """What `encode_group` returns: encoder output [B, D, T], valid frames per stream, frames computed."""
+
+    encoded: torch.Tensor
+    lengths: list[int]
+    frames_computed: list[int]  # encoder frames the step computed for each stream ("each frame once")
+    flops: float
+    read_bytes: float
+    new_tokens: list[list[int]] | None = None  # already decoded (a padded step decodes in its own call)
+
+
+def record_encoder_output(
+    record_dir: Path, name: str, kind: str, encoded: list[np.ndarray], token_ids: list[int], width: int
+) -> None:
+    """Debug: keep a stream's encoder output ([frames, width]) so tests can compare streaming with offline exactly."""
+    frames = np.concatenate(encoded) if encoded else np.zeros((0, width), np.float32)
+    record_dir.mkdir(parents=True, exist_ok=True)
+    path = record_dir / f"{_SAFE_ID.sub('_', name)}.{kind}.npz"
+    np.savez(path, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64))
