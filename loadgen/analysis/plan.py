@@ -195,17 +195,7 @@ def plan(
     for sweep in sweeps:
         if sweep.target in PLANNED or sweep.target == "voice":
             by_target.setdefault(sweep.target, []).append(sweep)
-    chosen: dict[str, RecordedSweep] = {}
-    warnings = []
-    for target in PLANNED:
-        options = by_target.get(target, [])
-        wanted = (prefer or {}).get(target)
-        preferred = [s for s in options if wanted in (s.variant, None)]
-        if wanted and options and not preferred:
-            measured = ", ".join(s.variant for s in options)
-            warnings.append(f"{target}: no sweep of {wanted!r} (measured: {measured}); planned with the first")
-        if options:
-            chosen[target] = (preferred or options)[0]
+    chosen, warnings = _choose(by_target, prefer or {})
     services, v2v, meets = _solve(chosen, sessions, objectives)
     missing = [
         f"no {t} sweep: run `python -m loadgen sweep --target {t}` and pass its results.json"
@@ -218,7 +208,49 @@ def plan(
             f"voice-to-voice p95 estimate {v2v:.3f} s misses the {objectives.voice_to_voice_p95_s:.3f} s objective "
             "even at the lowest measured levels"
         )
-    variants = []
+    variants, unmeasured = _measured_variants(by_target, chosen, sessions, objectives)
+    return CapacityPlan(
+        sessions=sessions,
+        objectives=objectives,
+        services=services,
+        bottleneck=_bottleneck(services),
+        voice_to_voice_p95_s=v2v,
+        meets_objectives=meets,
+        voice_measured=_voice_cross_check(sweeps),
+        variants=variants,
+        predicted_variants=predicted_variants(chosen, sessions),
+        assumptions=list(ASSUMPTIONS),
+        warnings=warnings,
+        missing=missing + unmeasured,
+    )
+
+
+def _choose(
+    by_target: dict[str, list[RecordedSweep]], prefer: dict[str, str]
+) -> tuple[dict[str, RecordedSweep], list[str]]:
+    """The sweep planned for each service (the preferred variant, else the first) and warnings for misses."""
+    chosen: dict[str, RecordedSweep] = {}
+    warnings = []
+    for target in PLANNED:
+        options = by_target.get(target, [])
+        wanted = prefer.get(target)
+        preferred = [s for s in options if wanted in (s.variant, None)]
+        if wanted and options and not preferred:
+            measured = ", ".join(s.variant for s in options)
+            warnings.append(f"{target}: no sweep of {wanted!r} (measured: {measured}); planned with the first")
+        if options:
+            chosen[target] = (preferred or options)[0]
+    return chosen, warnings
+
+
+def _measured_variants(
+    by_target: dict[str, list[RecordedSweep]],
+    chosen: dict[str, RecordedSweep],
+    sessions: Sessions,
+    objectives: Objectives,
+) -> tuple[list[MeasuredVariant], list[str]]:
+    """The plan solved again with each measured ASR chunk size and TTS step count, and what was not measured."""
+    variants, missing = [], []
     for target, label in (("asr", "ASR chunk size"), ("tts", "TTS diffusion steps")):
         options = by_target.get(target, [])
         if len(options) < 2:
@@ -241,20 +273,7 @@ def plan(
                     meets_objectives=option_meets,
                 )
             )
-    return CapacityPlan(
-        sessions=sessions,
-        objectives=objectives,
-        services=services,
-        bottleneck=_bottleneck(services),
-        voice_to_voice_p95_s=v2v,
-        meets_objectives=meets,
-        voice_measured=_voice_cross_check(sweeps),
-        variants=variants,
-        predicted_variants=predicted_variants(chosen, sessions),
-        assumptions=list(ASSUMPTIONS),
-        warnings=warnings,
-        missing=missing,
-    )
+    return variants, missing
 
 
 def plan_section(

@@ -17,8 +17,21 @@ def _seconds(value: float | None) -> str:
 
 
 def render_plan(plan: CapacityPlan) -> str:
+    lines = _demand(plan) + _services_table(plan) + _verdict(plan)
+    if plan.variants:
+        lines += _measured_variants(plan)
+    if plan.predicted_variants:
+        lines += _predicted_variants(plan)
+    lines += ["### Assumptions", "", *[f"- {a}" for a in plan.assumptions], ""]
+    if plan.warnings or plan.missing:
+        lines += ["### Warnings and what is missing", "", *[f"- {w}" for w in plan.warnings + plan.missing], ""]
+    return "\n".join(lines)
+
+
+def _demand(plan: CapacityPlan) -> list[str]:
+    """The heading and the sessions and objectives the plan answers."""
     s, o = plan.sessions, plan.objectives
-    lines = [
+    return [
         "## Capacity plan",
         "",
         f"For **{s.sessions} concurrent voice sessions**: the user speaks {s.speaking_share:.0%} of the time, the "
@@ -28,6 +41,10 @@ def render_plan(plan: CapacityPlan) -> str:
         + (", no playback underruns." if o.no_underruns else "; underruns allowed."),
         "",
     ]
+
+
+def _services_table(plan: CapacityPlan) -> list[str]:
+    """One row per service: demand, operating point, capacity and replicas."""
     rows = [
         [
             p.target,
@@ -42,82 +59,74 @@ def render_plan(plan: CapacityPlan) -> str:
         ]
         for p in plan.services
     ]
-    lines += markdown_table(
-        [
-            "service",
-            "sweep",
-            "demand",
-            "operating point per replica",
-            "capacity per replica",
-            "replicas",
-            "headroom",
-            "objective latency p95 there",
-            "limited by",
-        ],
-        rows,
-    )
-    lines.append("")
+    header = ["service", "sweep", "demand", "operating point per replica", "capacity per replica", "replicas"]
+    header += ["headroom", "objective latency p95 there", "limited by"]
+    return [*markdown_table(header, rows), ""]
+
+
+def _verdict(plan: CapacityPlan) -> list[str]:
+    """The bottleneck, voice-to-voice against its objective, and whether every objective is met."""
+    objective = plan.objectives.voice_to_voice_p95_s
+    lines = []
     if plan.bottleneck:
         lines.append(f"**Bottleneck: {plan.bottleneck}** — it needs the most replicas for its share of the work.")
     if plan.voice_to_voice_p95_s is not None:
-        verdict = "meets" if plan.voice_to_voice_p95_s <= o.voice_to_voice_p95_s else "MISSES"
+        verdict = "meets" if plan.voice_to_voice_p95_s <= objective else "MISSES"
         lines.append(
             f"Voice-to-voice p95 ≤ {plan.voice_to_voice_p95_s:.3f} s (sum of the stages' p95s), which {verdict} the "
-            f"{o.voice_to_voice_p95_s:g} s objective."
+            f"{objective:g} s objective."
         )
-    lines += [
+    return lines + [
         f"All objectives met: {'yes' if plan.meets_objectives else 'NO'}.",
         f"Cross-check: {plan.voice_measured}.",
         "",
     ]
-    if plan.variants:
-        lines += ["### How the answer changes with the ASR chunk size and the TTS diffusion steps (measured)", ""]
-        lines += markdown_table(
-            ["service", "sweep", "operating point", "capacity per replica", "replicas", "all replicas", "bottleneck"]
-            + ["voice-to-voice p95", "objectives met"],
-            [
-                [
-                    v.service,
-                    v.variant,
-                    f"C={v.operating_concurrency}" if v.operating_concurrency is not None else "none",
-                    f"{_number(v.capacity_per_replica)} {v.unit}" if v.capacity_per_replica else "—",
-                    str(v.replicas or "—"),
-                    str(v.total_replicas),
-                    v.bottleneck or "—",
-                    _seconds(v.voice_to_voice_p95_s),
-                    "yes" if v.meets_objectives else "no",
-                ]
-                for v in plan.variants
-            ],
-        )
-        lines.append("")
-    if plan.predicted_variants:
-        lines += [
-            "### Predicted for other settings (not measured)",
-            "",
-            "Bound: the roofline on the measured ceilings (capped by the admission limit). Estimate: corrected by "
-            "what the measured sweep showed the roofline leaves out (ASR: its overhead per step and per stream; "
-            "TTS: its efficiency against the roofline).",
-            "",
+
+
+def _measured_variants(plan: CapacityPlan) -> list[str]:
+    """The plan again for each measured ASR chunk size and TTS step count."""
+    rows = [
+        [
+            v.service,
+            v.variant,
+            f"C={v.operating_concurrency}" if v.operating_concurrency is not None else "none",
+            f"{_number(v.capacity_per_replica)} {v.unit}" if v.capacity_per_replica else "—",
+            str(v.replicas or "—"),
+            str(v.total_replicas),
+            v.bottleneck or "—",
+            _seconds(v.voice_to_voice_p95_s),
+            "yes" if v.meets_objectives else "no",
         ]
-        lines += markdown_table(
-            ["service", "setting", "bound per replica", "estimate per replica", "estimated from"]
-            + ["replicas (bound / estimate)"],
-            [
-                [
-                    v.service,
-                    v.setting,
-                    f"{_number(v.predicted_capacity_per_replica)} {v.unit}".strip(),
-                    _number(v.estimated_capacity_per_replica),
-                    v.estimate_basis,
-                    f"{v.replicas_at_bound or '—'} / {v.replicas_at_estimate or '—'}",
-                ]
-                for v in plan.predicted_variants
-            ],
-        )
-        notes = {v.note for v in plan.predicted_variants if v.setting == "—"}
-        lines += [*(f"- {note}" for note in sorted(notes)), ""]
-    lines += ["### Assumptions", "", *[f"- {a}" for a in plan.assumptions], ""]
-    if plan.warnings or plan.missing:
-        lines += ["### Warnings and what is missing", "", *[f"- {w}" for w in plan.warnings + plan.missing], ""]
-    return "\n".join(lines)
+        for v in plan.variants
+    ]
+    header = ["service", "sweep", "operating point", "capacity per replica", "replicas", "all replicas", "bottleneck"]
+    header += ["voice-to-voice p95", "objectives met"]
+    title = "### How the answer changes with the ASR chunk size and the TTS diffusion steps (measured)"
+    return [title, "", *markdown_table(header, rows), ""]
+
+
+def _predicted_variants(plan: CapacityPlan) -> list[str]:
+    """Settings that were not measured: the roofline bound and the estimate corrected by the measured sweep."""
+    lines = [
+        "### Predicted for other settings (not measured)",
+        "",
+        "Bound: the roofline on the measured ceilings (capped by the admission limit). Estimate: corrected by "
+        "what the measured sweep showed the roofline leaves out (ASR: its overhead per step and per stream; "
+        "TTS: its efficiency against the roofline).",
+        "",
+    ]
+    rows = [
+        [
+            v.service,
+            v.setting,
+            f"{_number(v.predicted_capacity_per_replica)} {v.unit}".strip(),
+            _number(v.estimated_capacity_per_replica),
+            v.estimate_basis,
+            f"{v.replicas_at_bound or '—'} / {v.replicas_at_estimate or '—'}",
+        ]
+        for v in plan.predicted_variants
+    ]
+    header = ["service", "setting", "bound per replica", "estimate per replica", "estimated from"]
+    lines += markdown_table([*header, "replicas (bound / estimate)"], rows)
+    notes = {v.note for v in plan.predicted_variants if v.setting == "—"}
+    return [*lines, *(f"- {note}" for note in sorted(notes)), ""]

@@ -33,42 +33,56 @@ def _crossover_sentence(
     levels: Sequence[LevelVerdict],
     no_model: str = "",
 ) -> str:
-    highest = levels[-1].concurrency
     if work is None:
         return f"No roofline prediction for this target: {no_model}."
     if crossover is None:
-        if not work.batched:
-            return (
-                "No crossover: requests are not batched (one per worker), so every stream re-reads the weights for "
-                "each step and concurrency never raises the arithmetic intensity; throughput is capped by the "
-                "device (or the workers) from the start."
-            )
-        return (
-            "No crossover: each added stream brings more bytes than the ridge can turn into compute (KV/cache "
-            "reads grow as fast as FLOPs), so the step stays bandwidth-bound at any batch."
-        )
+        return _no_crossover(work)
     where = f"The step is predicted to turn compute-bound at a batch of ≈{crossover:.0f}"
     if work.max_batch and crossover > work.max_batch:
         where += f", beyond the admission limit of {work.max_batch}, so it never does in this configuration"
     if knee is None:
-        if crossover > highest:
-            return f"{where}; no knee was measured up to C={highest}, consistent with the prediction."
-        past = [v for v in levels if v.concurrency >= crossover]
-        if all(v.regime == "overhead-bound" for v in past):
-            busy = max(max(v.bandwidth_utilisation, v.flop_utilisation) for v in past)
-            return (
-                f"{where}, but every level from there on stayed overhead-bound (the device at most {busy:.1%} "
-                "busy): per-step overhead, not the device, sets the pace, so the crossover cannot show."
-            )
-        if work.paced:
-            return (
-                f"{where}; paced streams only offer real time, so throughput follows the streams offered until "
-                f"they stop keeping up, which they still did at C={highest}."
-            )
+        return _crossover_without_knee(where, crossover, work, levels)
+    return _crossover_against_knee(where, crossover, work, knee)
+
+
+def _no_crossover(work: StepWork) -> str:
+    if not work.batched:
         return (
-            f"{where}, yet throughput kept scaling up to C={highest}: the step was further from its roofline than "
-            "the model says (small-batch kernels run below the probe's peak), so the compute roof came later."
+            "No crossover: requests are not batched (one per worker), so every stream re-reads the weights for "
+            "each step and concurrency never raises the arithmetic intensity; throughput is capped by the "
+            "device (or the workers) from the start."
         )
+    return (
+        "No crossover: each added stream brings more bytes than the ridge can turn into compute (KV/cache "
+        "reads grow as fast as FLOPs), so the step stays bandwidth-bound at any batch."
+    )
+
+
+def _crossover_without_knee(where: str, crossover: float, work: StepWork, levels: Sequence[LevelVerdict]) -> str:
+    """A predicted crossover but no measured knee: why the sweep did not show it."""
+    highest = levels[-1].concurrency
+    if crossover > highest:
+        return f"{where}; no knee was measured up to C={highest}, consistent with the prediction."
+    past = [v for v in levels if v.concurrency >= crossover]
+    if all(v.regime == "overhead-bound" for v in past):
+        busy = max(max(v.bandwidth_utilisation, v.flop_utilisation) for v in past)
+        return (
+            f"{where}, but every level from there on stayed overhead-bound (the device at most {busy:.1%} "
+            "busy): per-step overhead, not the device, sets the pace, so the crossover cannot show."
+        )
+    if work.paced:
+        return (
+            f"{where}; paced streams only offer real time, so throughput follows the streams offered until "
+            f"they stop keeping up, which they still did at C={highest}."
+        )
+    return (
+        f"{where}, yet throughput kept scaling up to C={highest}: the step was further from its roofline than "
+        "the model says (small-batch kernels run below the probe's peak), so the compute roof came later."
+    )
+
+
+def _crossover_against_knee(where: str, crossover: float, work: StepWork, knee: LevelVerdict) -> str:
+    """A predicted crossover and a measured knee: do they agree, and if not, why."""
     ratio = knee.concurrency / crossover
     if 0.5 <= ratio <= 2:
         return f"{where}; the measured knee at C={knee.concurrency} agrees within a factor of two."
@@ -139,40 +153,12 @@ def analyse(
     elif workload is not None:
         workload = workload_hints(workload)
     levels = sorted(levels, key=lambda level: level.concurrency)
-    work, no_model = None, "it spans several services: see each service's own sweep"
-    if facts.remote:
-        no_model = "the engine is remote, its weights, shape and device unknown here"
-    elif target in STEP_MODELS:
-        try:
-            work = step_work(target, facts, levels, workload)
-        except ValueError as missing:  # e.g. a peer server with no GetInfo: verdicts from latency alone
-            no_model = str(missing)
+    work, no_model = _step_model(facts, levels, target, workload)
     prompt_tokens = (workload or {}).get("prompt_tokens") if work and work.unit == "tokens" else None
-    verdicts: list[LevelVerdict] = []
-    for index, level in enumerate(levels):
-        predicted = predict_level(work, facts, level, prompt_tokens, target) if work else None
-        bandwidth, flops, source = _utilisation(level, facts, predicted)
-        previous = levels[index - 1] if index else None
-        regime, reasons = regimes.label(level, previous, facts, target, (bandwidth, flops), measured=source != "none")
-        if source == "estimated":
-            reasons.append("utilisation estimated from throughput × the model's work per step (no counters)")
-        if level.realtime_ok is not None:
-            reasons.append("kept real time" if level.realtime_ok else "fell behind real time (RTF ≥ 1 or underruns)")
-        intensity = flops / bandwidth * facts.ridge_flops_per_byte if bandwidth else 0.0
-        verdicts.append(
-            LevelVerdict(
-                concurrency=level.concurrency,
-                regime=regime,
-                reasons=reasons,
-                artefact=regimes.artefact(level, facts, (bandwidth, flops), predicted.ratio if predicted else 0.0),
-                bandwidth_utilisation=bandwidth,
-                flop_utilisation=flops,
-                arithmetic_intensity=intensity,
-                utilisation_source=source,
-                predicted=predicted,
-                realtime_ok=level.realtime_ok,
-            )
-        )
+    verdicts = [
+        _level_verdict(level, levels[index - 1] if index else None, facts, target, work, prompt_tokens)
+        for index, level in enumerate(levels)
+    ]
     knee_index = regimes.find_knee(levels)
     knee = verdicts[knee_index] if knee_index is not None else None
     crossover = crossover_batch(work, facts) if work else None
@@ -184,14 +170,6 @@ def analyse(
         knee_sentence = f"Knee at C={knee.concurrency} ({knee.regime}): doubling concurrency stops paying there."
     else:
         knee_sentence = f"No knee up to C={levels[-1].concurrency}: throughput still scales with concurrency."
-    summary = f"{target}: {knee_sentence}"
-    if realtime_limit:
-        summary += f" Real-time up to C={realtime_limit}."
-    elif realtime_limit == 0:
-        summary += " Not real-time at any level."
-    artefacts = [v.concurrency for v in verdicts if v.artefact]
-    if artefacts:
-        summary += f" Artefacts at C={', '.join(map(str, artefacts))}."
     analysis = SweepAnalysis(
         target=target,
         device=facts.device_name or facts.device,
@@ -211,7 +189,7 @@ def analyse(
         rules=list(regimes.RULES),
         predictions_table=[],
         roofline=_roofline(facts, verdicts),
-        summary=summary,
+        summary=_summary(target, knee_sentence, realtime_limit, verdicts),
     )
     # The table reads the analysis (verdicts, knee, crossover): it is the last thing made from it.
     return (
@@ -219,3 +197,59 @@ def analyse(
         if work
         else analysis
     )
+
+
+def _step_model(
+    facts: ServiceFacts, levels: list[LevelResult], target: str, workload: Mapping[str, float] | None
+) -> tuple[StepWork | None, str]:
+    """The model of one engine step's work for `target`, or None and why there is none."""
+    if facts.remote:
+        return None, "the engine is remote, its weights, shape and device unknown here"
+    if target not in STEP_MODELS:
+        return None, "it spans several services: see each service's own sweep"
+    try:
+        return step_work(target, facts, levels, workload), ""
+    except ValueError as missing:  # e.g. a peer server with no GetInfo: verdicts from latency alone
+        return None, str(missing)
+
+
+def _level_verdict(
+    level: LevelResult,
+    previous: LevelResult | None,
+    facts: ServiceFacts,
+    target: str,
+    work: StepWork | None,
+    prompt_tokens: float | None,
+) -> LevelVerdict:
+    """One level's regime, with its reasons, utilisation and prediction."""
+    predicted = predict_level(work, facts, level, prompt_tokens, target) if work else None
+    bandwidth, flops, source = _utilisation(level, facts, predicted)
+    regime, reasons = regimes.label(level, previous, facts, target, (bandwidth, flops), measured=source != "none")
+    if source == "estimated":
+        reasons.append("utilisation estimated from throughput × the model's work per step (no counters)")
+    if level.realtime_ok is not None:
+        reasons.append("kept real time" if level.realtime_ok else "fell behind real time (RTF ≥ 1 or underruns)")
+    return LevelVerdict(
+        concurrency=level.concurrency,
+        regime=regime,
+        reasons=reasons,
+        artefact=regimes.artefact(level, facts, (bandwidth, flops), predicted.ratio if predicted else 0.0),
+        bandwidth_utilisation=bandwidth,
+        flop_utilisation=flops,
+        arithmetic_intensity=flops / bandwidth * facts.ridge_flops_per_byte if bandwidth else 0.0,
+        utilisation_source=source,
+        predicted=predicted,
+        realtime_ok=level.realtime_ok,
+    )
+
+
+def _summary(target: str, knee_sentence: str, realtime_limit: int | None, verdicts: list[LevelVerdict]) -> str:
+    summary = f"{target}: {knee_sentence}"
+    if realtime_limit:
+        summary += f" Real-time up to C={realtime_limit}."
+    elif realtime_limit == 0:
+        summary += " Not real-time at any level."
+    artefacts = [v.concurrency for v in verdicts if v.artefact]
+    if artefacts:
+        summary += f" Artefacts at C={', '.join(map(str, artefacts))}."
+    return summary

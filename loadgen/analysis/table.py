@@ -8,6 +8,7 @@ from loadgen.analysis.formats import rate, seconds, si
 from loadgen.analysis.predict import realtime_streams
 from loadgen.analysis.regimes import ARTEFACT_CEILING
 from loadgen.analysis.verdicts import LevelVerdict, SweepAnalysis
+from loadgen.analysis.work import StepWork
 from loadgen.results import LevelResult, ServiceFacts
 
 
@@ -85,51 +86,58 @@ def predictions_table(
         chunk_ms = work.units_per_stream_step * 1000
         rows.insert(0, _row("chunk", "(right context + 1) × 80 ms encoder frames", f"{chunk_ms:.0f} ms", "—", "—"))
     if analysis.target == "tts":
-        patch = work.units_per_stream_step
-        measured_rtf = 1 / first_level.per_request_speed if first_level.per_request_speed else None
-        rows.append(
-            _row(
-                f"real-time factor, C={first.concurrency}",
-                f"time per patch ÷ {patch * 1000:.0f} ms (patches one after another)",
-                f"{first.predicted.step_time_s / patch:.3g}",
-                f"{measured_rtf:.3g}" if measured_rtf else "—",
-                _agreement(first.predicted.step_time_s / patch / measured_rtf) if measured_rtf else "—",
-            )
-        )
-        rows.append(
-            _time_row(
-                f"first audio p50, C={first.concurrency}",
-                "one patch step (text prefill left out)",
-                first.predicted.step_time_s,
-                _latency_p50(first_level, "first_audio_s"),
-            )
-        )
+        rows += _tts_rows(first, first_level, work)
     if analysis.predicted_realtime_streams is not None:
-        measured = analysis.realtime_limit
-        reached = measured is not None and any(v.realtime_ok is False for v in verdicts)
-        measured_text = "—" if measured is None else (str(measured) if reached else f"≥ {measured} (limit not reached)")
-        predicted = analysis.predicted_realtime_streams
-        device = realtime_streams(work, facts)
-        capped = f" (the limit of {work.max_batch}; the device allows {device})" if device != predicted else ""
-        rows.append(
-            _row(
-                "real-time streams",
-                "most streams whose step fits in the audio it produces (RTF ≤ 1)",
-                f"{predicted}{capped}",
-                measured_text,
-                _agreement(measured / predicted) if reached and predicted else "—",
-            )
-        )
+        rows.append(_realtime_row(analysis, facts))
     if work.batched:
-        crossover = analysis.crossover_concurrency
-        knee = analysis.knee_concurrency
-        rows.append(
-            _row(
-                "crossover to compute-bound",
-                f"ridge {facts.ridge_flops_per_byte:.3g} FLOP/B × bytes per step ÷ FLOPs per stream",
-                f"batch ≈ {crossover:.0f}" if crossover else "never",
-                f"knee at C={knee}" if knee else f"no knee up to C={verdicts[-1].concurrency}",
-                f"knee ÷ crossover = {knee / crossover:.2g}" if knee and crossover else "—",
-            )
-        )
+        rows.append(_crossover_row(analysis, facts))
     return rows
+
+
+def _tts_rows(first: LevelVerdict, first_level: LevelResult, work: StepWork) -> list[dict[str, str]]:
+    """The real-time factor and first audio at the lowest level, from one patch step."""
+    patch = work.units_per_stream_step
+    measured_rtf = 1 / first_level.per_request_speed if first_level.per_request_speed else None
+    return [
+        _row(
+            f"real-time factor, C={first.concurrency}",
+            f"time per patch ÷ {patch * 1000:.0f} ms (patches one after another)",
+            f"{first.predicted.step_time_s / patch:.3g}",
+            f"{measured_rtf:.3g}" if measured_rtf else "—",
+            _agreement(first.predicted.step_time_s / patch / measured_rtf) if measured_rtf else "—",
+        ),
+        _time_row(
+            f"first audio p50, C={first.concurrency}",
+            "one patch step (text prefill left out)",
+            first.predicted.step_time_s,
+            _latency_p50(first_level, "first_audio_s"),
+        ),
+    ]
+
+
+def _realtime_row(analysis: SweepAnalysis, facts: ServiceFacts) -> dict[str, str]:
+    work, verdicts = analysis.work, analysis.levels
+    measured = analysis.realtime_limit
+    reached = measured is not None and any(v.realtime_ok is False for v in verdicts)
+    measured_text = "—" if measured is None else (str(measured) if reached else f"≥ {measured} (limit not reached)")
+    predicted = analysis.predicted_realtime_streams
+    device = realtime_streams(work, facts)
+    capped = f" (the limit of {work.max_batch}; the device allows {device})" if device != predicted else ""
+    return _row(
+        "real-time streams",
+        "most streams whose step fits in the audio it produces (RTF ≤ 1)",
+        f"{predicted}{capped}",
+        measured_text,
+        _agreement(measured / predicted) if reached and predicted else "—",
+    )
+
+
+def _crossover_row(analysis: SweepAnalysis, facts: ServiceFacts) -> dict[str, str]:
+    crossover, knee = analysis.crossover_concurrency, analysis.knee_concurrency
+    return _row(
+        "crossover to compute-bound",
+        f"ridge {facts.ridge_flops_per_byte:.3g} FLOP/B × bytes per step ÷ FLOPs per stream",
+        f"batch ≈ {crossover:.0f}" if crossover else "never",
+        f"knee at C={knee}" if knee else f"no knee up to C={analysis.levels[-1].concurrency}",
+        f"knee ÷ crossover = {knee / crossover:.2g}" if knee and crossover else "—",
+    )
