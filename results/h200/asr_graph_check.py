@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from services.asr.backends import load_in_process
+from services.asr.backends.in_process import load_in_process
 from services.asr.config import AsrConfig
 
 

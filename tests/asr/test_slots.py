@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")  # the asr environment always has it; the import is only slow
 
 from services.asr.backend import StreamSettings  # noqa: E402
-from services.asr.backends import load_in_process  # noqa: E402
+from services.asr.backends.in_process import load_in_process  # noqa: E402
 from services.asr.config import AsrConfig  # noqa: E402
 from services.asr.engine.slots import rows  # noqa: E402
 

@@ -215,7 +215,7 @@ def _engine_main(config: AsrConfig, sock: socket.socket) -> None:
 
 
 async def _serve_engine(config: AsrConfig, sock: socket.socket) -> None:
-    from services.asr.backends import load_in_process
+    from services.asr.backends.in_process import load_in_process
 
     channel = await Channel.open(sock)
     for name in metrics.FORWARDED:  # before the backend looks any of them up
