@@ -15,14 +15,6 @@ import numpy as np
 from voiceagent.serving.info import ModelFacts
 
 
-class AudioError(ValueError):
-    """The client's audio is malformed; the message says why (it becomes INVALID_ARGUMENT)."""
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine is gone (its process exited) or failed to start; the message says why (UNAVAILABLE)."""
-
-
 @dataclasses.dataclass(frozen=True)
 class StreamSettings:
     request_id: str
@@ -68,8 +60,8 @@ class RecognizerBackend(Protocol):
     def recognize(self, settings: StreamSettings, audio: AsyncIterator[np.ndarray]) -> AsyncIterator[RecognitionUpdate]:
         """Stream hypotheses for 16 kHz float32 audio arriving in pieces of any length; the last is final.
 
-        Raises AudioError if `audio` does, EngineUnavailable if the engine is gone. Cancelling the iteration
-        frees the stream's resources."""
+        Raises InvalidRequest if `audio` does, EngineUnavailable if the engine is gone (voiceagent/serving/
+        errors.py). Cancelling the iteration frees the stream's resources."""
 
     async def transcribe(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
         """One offline pass over a whole clip with the attention context of `settings.chunk_ms`."""

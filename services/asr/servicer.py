@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 
-from services.asr.backend import AudioError, EngineUnavailable, RecognizerBackend, StreamSettings
+from services.asr.backend import RecognizerBackend, StreamSettings
 from services.asr.config import AsrConfig
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
+from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, QueueFull, abort
 from voiceagent.serving.info import info_response
 from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
 
@@ -24,21 +25,17 @@ SAMPLE_RATE_HZ = 16000
 _SAMPLE_BYTES = {common_pb2.AUDIO_ENCODING_PCM16: 2, common_pb2.AUDIO_ENCODING_FLOAT32: 4}
 
 
-class InvalidRequest(ValueError):
-    pass
-
-
 def decode_audio(payload: bytes, encoding: int) -> np.ndarray:
-    """16 kHz mono samples as float32 in [-1, 1]; AudioError says what is wrong with a payload."""
+    """16 kHz mono samples as float32 in [-1, 1]; InvalidRequest says what is wrong with a payload."""
     width = _SAMPLE_BYTES[encoding]
     if len(payload) % width:
         name = common_pb2.AudioEncoding.Name(encoding)
-        raise AudioError(f"audio: {len(payload)} bytes is not a whole number of {width}-byte {name} samples")
+        raise InvalidRequest("audio", f"{len(payload)} bytes is not a whole number of {width}-byte {name} samples")
     if encoding == common_pb2.AUDIO_ENCODING_PCM16:
         return np.frombuffer(payload, dtype="<i2").astype(np.float32) / 32768.0
     samples = np.frombuffer(payload, dtype="<f4").astype(np.float32)
     if not np.isfinite(samples).all():
-        raise AudioError("audio: FLOAT32 samples must be finite (found NaN or infinity)")
+        raise InvalidRequest("audio", "FLOAT32 samples must be finite (found NaN or infinity)")
     return samples
 
 
@@ -87,16 +84,17 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
     def _settings(self, config: asr_pb2.RecognitionConfig) -> StreamSettings:
         if config.sample_rate_hz != SAMPLE_RATE_HZ:
             raise InvalidRequest(
-                f"config.sample_rate_hz: {config.sample_rate_hz} Hz is not supported; "
-                f"send {SAMPLE_RATE_HZ} Hz mono audio (no resampling is done)"
+                "config.sample_rate_hz",
+                f"{config.sample_rate_hz} Hz is not supported; "
+                f"send {SAMPLE_RATE_HZ} Hz mono audio (no resampling is done)",
             )
         if config.encoding not in _SAMPLE_BYTES:
             raise InvalidRequest(
-                f"config.encoding: {config.encoding} is not AUDIO_ENCODING_PCM16 or AUDIO_ENCODING_FLOAT32"
+                "config.encoding", f"{config.encoding} is not AUDIO_ENCODING_PCM16 or AUDIO_ENCODING_FLOAT32"
             )
         choices = self.backend.chunk_ms_choices
         if config.chunk_ms not in choices:
-            raise InvalidRequest(f"config.chunk_ms: {config.chunk_ms} is not one of {list(choices)} ms")
+            raise InvalidRequest("config.chunk_ms", f"{config.chunk_ms} is not one of {list(choices)} ms")
         return StreamSettings(config.request_id or uuid.uuid4().hex, config.chunk_ms, config.interim_results)
 
     def _check_offline_length(self, payload_bytes: int, encoding: int) -> None:
@@ -104,14 +102,15 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
         seconds = payload_bytes / _SAMPLE_BYTES[encoding] / SAMPLE_RATE_HZ
         if seconds > self.config.max_offline_audio_s:
             raise InvalidRequest(
-                f"audio: {seconds:.1f} s exceeds max_offline_audio_s {self.config.max_offline_audio_s:g} s; "
-                "split the clip or stream it with StreamingRecognize"
+                "audio",
+                f"{seconds:.1f} s exceeds max_offline_audio_s {self.config.max_offline_audio_s:g} s; "
+                "split the clip or stream it with StreamingRecognize",
             )
 
     async def _audio(self, requests: AsyncIterator, encoding: int) -> AsyncIterator[np.ndarray]:
         async for request in requests:
             if request.WhichOneof("request") != "audio":
-                raise AudioError("config: only the first message may be a config; the rest must be audio")
+                raise InvalidRequest("config", "only the first message may be a config; the rest must be audio")
             if request.audio:
                 yield decode_audio(request.audio, encoding)
 
@@ -128,12 +127,9 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
         try:
             settings = self._settings(first.config)
         except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await abort(context, exc)
         if self.active_streams >= self.config.max_streams:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"max_streams: all {self.config.max_streams} streams are busy; retry later",
-            )
+            await abort(context, QueueFull(f"max_streams: all {self.config.max_streams} streams are busy; retry later"))
         self.active_streams += 1
         try:
             updates = self.backend.recognize(settings, self._audio(requests, first.config.encoding))
@@ -149,10 +145,8 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
                     encoder_frames=update.encoder_frames,
                     batch_size=update.batch_size,
                 )
-        except AudioError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except EngineUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except (InvalidRequest, EngineUnavailable) as exc:
+            await abort(context, exc)
         finally:
             self.active_streams -= 1
 
@@ -162,12 +156,12 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
             settings = self._settings(request.config)
             self._check_offline_length(len(request.audio), request.config.encoding)
             audio = decode_audio(request.audio, request.config.encoding)
-        except (InvalidRequest, AudioError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except InvalidRequest as exc:
+            await abort(context, exc)
         try:
             result = await self.backend.transcribe(settings, audio)
         except EngineUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            await abort(context, exc)
         return asr_pb2.RecognizeResponse(
             request_id=settings.request_id,
             transcript=result.transcript,

@@ -11,33 +11,13 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
+# The errors a backend raises are the services' shared vocabulary, named here as part of this boundary.
+from voiceagent.serving.errors import EngineFailure, EngineUnavailable, InvalidRequest
 from voiceagent.serving.info import ModelFacts
 
+__all__ = ["EngineFailure", "EngineUnavailable", "InvalidRequest"]  # and the types below
+
 FINISH_REASONS = ("stop", "length", "abort")
-
-
-class InvalidRequest(ValueError):
-    """A request the model cannot serve; `field` names the request field at fault."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-
-class EngineFailure(RuntimeError):
-    """The engine behind a backend (a remote server, say) refused or failed a request; `status` is the gRPC
-    status code's name the call ends with: UNAVAILABLE, RESOURCE_EXHAUSTED, INVALID_ARGUMENT, ..."""
-
-    def __init__(self, status: str, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-class EngineUnavailable(EngineFailure):
-    """The engine is gone (its core process died); the message says why. Becomes UNAVAILABLE."""
-
-    def __init__(self, message: str):
-        super().__init__("UNAVAILABLE", message)
 
 
 @dataclasses.dataclass(frozen=True)

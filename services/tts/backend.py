@@ -7,17 +7,14 @@ turns text segments into audio, patch by patch, in the requested format.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
+from voiceagent.serving.errors import EngineUnavailable
 from voiceagent.serving.info import ModelFacts
 
 
-class QueueFullError(Exception):
-    """Every worker is busy and `max_queue` requests already wait: the caller gets RESOURCE_EXHAUSTED."""
-
-
-class WorkerDiedError(RuntimeError):
+class WorkerDiedError(EngineUnavailable):
     """The model process serving the request died: the caller gets UNAVAILABLE. The pool starts a new process
     in its place; the batched engine's service shuts down to be restarted (one model serves every request)."""
 
@@ -49,19 +46,20 @@ class AudioPiece:
 
 
 class SpeechBackend(Protocol):
-    facts: ModelFacts
-    limits: dict[str, float]
-
     async def start(self) -> None:
         """Load the model instances and warm them up."""
 
     async def stop(self) -> None:
         """Stop the model instances."""
 
+    def facts(self) -> ModelFacts: ...
+
+    def limits(self) -> Mapping[str, float]: ...
+
     def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioPiece]:
         """Audio of `request.segments`, one piece per decoded patch as soon as it is decoded.
 
-        Raises QueueFullError before the first piece when no worker can be waited for. Closing the iterator
-        early (a cancelled RPC) stops generation and frees the worker.
+        Raises QueueFull (voiceagent/serving/errors.py) before the first piece when no worker can be waited
+        for. Closing the iterator early (a cancelled RPC) stops generation and frees the worker.
         """
         ...

@@ -32,7 +32,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
-from services.tts.config import TTSConfig
+from services.tts.config import TtsConfig
 from voiceagent.serving.launcher import running_service, venv_python
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
@@ -74,7 +74,7 @@ def direct_runs(preset: str, threads: int, text: str):
 
     from services.tts.backends.voxcpm import load_model
 
-    spec = WorkerSpec.from_config(TTSConfig(preset=preset, threads_per_worker=threads, **PLACEMENT))
+    spec = WorkerSpec.from_config(TtsConfig(preset=preset, threads_per_worker=threads, **PLACEMENT))
     torch.set_num_threads(threads)
     model = load_model(spec)
     max_len = segment_max_len(spec, text)
@@ -128,7 +128,7 @@ def batched_engine(preset: str, threads: int, max_batch: int, cache_positions: i
     from services.tts.backends.batched_model import BatchedVoxCPM
     from services.tts.backends.voxcpm import load_model
 
-    spec = WorkerSpec.from_config(TTSConfig(preset=preset, threads_per_worker=threads, **PLACEMENT))
+    spec = WorkerSpec.from_config(TtsConfig(preset=preset, threads_per_worker=threads, **PLACEMENT))
     torch.set_num_threads(threads)
     engine = BatchedVoxCPM(load_model(dataclasses.replace(spec, compile=False)), max_batch, cache_positions)
     tokens = engine.text_tokens(TEXT)

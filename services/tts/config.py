@@ -7,12 +7,12 @@ at a real VoxCPM checkpoint directory instead and wins over `preset`.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 from voiceagent.serving.config import ServingConfig, require
 
-PRESETS_DIR = Path(__file__).resolve().parent / "presets"
-PRESETS = tuple(sorted(path.stem for path in PRESETS_DIR.glob("*.json")))
+PRESETS = Path(__file__).resolve().parent / "presets"
 
 NATIVE_SAMPLE_RATE_HZ = 48_000
 OUTPUT_SAMPLE_RATES_HZ = (16_000, 24_000, 48_000)
@@ -23,18 +23,22 @@ BACKENDS = ("batched", "pool")
 CFG_RANGE = (0.0, 10.0)
 
 
+def preset_names() -> list[str]:
+    return sorted(path.stem for path in PRESETS.glob("*.json"))
+
+
 def preset_path(name: str) -> Path:
-    return PRESETS_DIR / f"{name}.json"
+    return PRESETS / f"{name}.json"
 
 
 @dataclasses.dataclass(frozen=True)
-class TTSConfig(ServingConfig):
+class TtsConfig(ServingConfig):
     """Streaming text-to-speech on VoxCPM2."""
 
     port: int = dataclasses.field(default=50053, metadata={"help": "gRPC port (0 = any free port)"})
     metrics_port: int = dataclasses.field(default=9093, metadata={"help": "Prometheus /metrics port"})
     preset: str = dataclasses.field(
-        default="small", metadata={"help": f"model shape with synthetic weights: {', '.join(PRESETS)}"}
+        default="small", metadata={"help": f"model shape with synthetic weights: {', '.join(preset_names())}"}
     )
     checkpoint: str = dataclasses.field(
         default="", metadata={"help": "VoxCPM checkpoint directory (config.json, tokenizer, safetensors)"}
@@ -86,10 +90,11 @@ class TTSConfig(ServingConfig):
 
     def validate(self) -> None:
         super().validate()
+        names = preset_names()
         require(
-            bool(self.checkpoint) or self.preset in PRESETS,
+            bool(self.checkpoint) or self.preset in names,
             "preset",
-            f"must be one of {', '.join(PRESETS)}, got {self.preset!r}",
+            f"must be one of {', '.join(names)}, got {self.preset!r}",
         )
         require(
             not self.checkpoint or (Path(self.checkpoint) / "config.json").is_file(),
@@ -121,3 +126,9 @@ class TTSConfig(ServingConfig):
     @property
     def model_source(self) -> Path:
         return Path(self.checkpoint) if self.checkpoint else preset_path(self.preset)
+
+    @property
+    def resolved_dtype(self) -> str:
+        """The dtype the model computes in: its config.json's (float32 if it names none)."""
+        config_file = self.model_source / "config.json" if self.checkpoint else self.model_source
+        return json.loads(config_file.read_text()).get("dtype", "float32")

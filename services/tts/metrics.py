@@ -1,14 +1,20 @@
-"""The TTS service's domain metrics, declared once (default registry, `voiceagent_tts_*`).
+"""The TTS service's domain metrics, declared once (default registry, `voiceagent_tts_*`), and the per-request
+recording around a backend's audio (`measure_synthesis`): first audio, gaps, patches, seconds, real-time factor.
 
 Model work (FLOPs, bytes, engine steps = patches) goes to the shared `service_metrics("tts").record_work`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import time
+from collections.abc import AsyncIterator, Callable
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from services.tts.backend import AudioPiece, SpeechBackend, SynthesisRequest
 from voiceagent.serving.metrics import LATENCY_BUCKETS_S
 
 PREFIX = "voiceagent_tts"
@@ -18,7 +24,7 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 38
 RTF_BUCKETS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
-class TTSMetrics:
+class TtsMetrics:
     def __init__(self) -> None:
         self.time_to_first_audio = Histogram(
             f"{PREFIX}_time_to_first_audio_seconds",
@@ -76,5 +82,57 @@ class TTSMetrics:
 
 
 @functools.cache
-def tts_metrics() -> TTSMetrics:
-    return TTSMetrics()
+def tts_metrics() -> TtsMetrics:
+    return TtsMetrics()
+
+
+class _FirstText:
+    """Wraps a segment iterator and notes when the first segment became available (time-to-first-audio start)."""
+
+    def __init__(self, segments: AsyncIterator[str]):
+        self._segments = segments
+        self.at: float | None = None
+
+    async def __aiter__(self):
+        async for segment in self._segments:
+            if self.at is None:
+                self.at = time.perf_counter()
+            yield segment
+
+
+async def measure_synthesis(
+    backend: SpeechBackend,
+    request: SynthesisRequest,
+    method: str,
+    interrupted: Callable[[], BaseException | None] = lambda: None,
+) -> AsyncIterator[AudioPiece]:
+    """`backend.synthesize(request)`, recording the request's metrics under `method` as its pieces pass.
+
+    `interrupted` is asked before each piece: an error it returns (bad text read mid-stream) is raised there,
+    before the piece counts."""
+    metrics = tts_metrics()
+    first_text = _FirstText(request.segments)
+    request = dataclasses.replace(request, segments=aiter(first_text))
+    rate = request.sample_rate_hz
+    index, samples, last_at, segments = 0, 0, 0.0, set()
+    try:
+        async with contextlib.aclosing(backend.synthesize(request)) as pieces:
+            async for piece in pieces:
+                if (error := interrupted()) is not None:
+                    raise error
+                now = time.perf_counter()
+                if index == 0:
+                    metrics.time_to_first_audio.labels(method).observe(now - (first_text.at or now))
+                elif piece.patches:
+                    metrics.inter_chunk.labels(method).observe(now - last_at)
+                last_at = now
+                metrics.patches.inc(piece.patches)
+                metrics.audio_seconds.inc(piece.samples / rate)
+                segments.add(piece.segment_index)
+                yield piece
+                index += 1
+                samples += piece.samples
+                if piece.is_last and samples:
+                    metrics.real_time_factor.labels(method).observe(piece.generation_s / (samples / rate))
+    finally:
+        metrics.segments.labels(method).inc(len(segments))

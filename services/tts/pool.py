@@ -26,8 +26,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from services.tts.backend import QueueFullError, WorkerDiedError
-from services.tts.metrics import TTSMetrics
+from services.tts.backend import WorkerDiedError
+from services.tts.metrics import TtsMetrics
+from voiceagent.serving.errors import QueueFull
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class Lease:
 
 
 class WorkerPool:
-    def __init__(self, target: Callable, spec: Any, workers: int, max_queue: int, metrics: TTSMetrics):
+    def __init__(self, target: Callable, spec: Any, workers: int, max_queue: int, metrics: TtsMetrics):
         self.target, self.spec, self.size, self.max_queue = target, spec, workers, max_queue
         self.metrics = metrics
         self._free: asyncio.Queue[Worker] = asyncio.Queue()
@@ -178,9 +179,9 @@ class WorkerPool:
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[Lease]:
-        """A free worker, waiting in line for one; QueueFullError when `max_queue` already wait."""
+        """A free worker, waiting in line for one; QueueFull when `max_queue` already wait."""
         if self._free.empty() and self._waiting >= self.max_queue:
-            raise QueueFullError(f"all {self.size} workers busy and {self._waiting} requests queued (max_queue)")
+            raise QueueFull(f"all {self.size} workers busy and {self._waiting} requests queued (max_queue)")
         self._waiting += 1
         self.metrics.queued_requests.set(self._waiting)
         started = time.perf_counter()

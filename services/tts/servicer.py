@@ -1,65 +1,42 @@
-"""SpeechSynthesizer over gRPC: protos ↔ SynthesisRequest / AudioPiece, input validation, admission errors,
-per-request metrics; also the `Service` the shared runtime starts and stops."""
+"""SpeechSynthesizer over gRPC: protos ↔ SynthesisRequest / AudioPiece, input validation, admission errors;
+also the `Service` the shared runtime starts and stops. Per-request metrics are recorded in metrics.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import json
 import math
 import secrets
-import time
 import uuid
 from collections.abc import AsyncIterator
 
 import grpc
 
-from services.tts.backend import QueueFullError, SpeechBackend, SynthesisRequest, WorkerDiedError
-from services.tts.config import CFG_RANGE, NATIVE_SAMPLE_RATE_HZ, OUTPUT_SAMPLE_RATES_HZ, TIMESTEPS_RANGE, TTSConfig
-from services.tts.metrics import TTSMetrics, tts_metrics
+from services.tts.backend import SpeechBackend, SynthesisRequest
+from services.tts.config import CFG_RANGE, NATIVE_SAMPLE_RATE_HZ, OUTPUT_SAMPLE_RATES_HZ, TIMESTEPS_RANGE, TtsConfig
+from services.tts.metrics import measure_synthesis
 from services.tts.phrases import PhraseSplitter
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
+from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, ServiceError, abort
 from voiceagent.serving.info import info_response
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
 _ENCODINGS = (common_pb2.AUDIO_ENCODING_UNSPECIFIED, common_pb2.AUDIO_ENCODING_PCM16, common_pb2.AUDIO_ENCODING_FLOAT32)
 
 
-class InvalidArgumentError(Exception):
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-
-
-class _FirstText:
-    """Wraps a segment iterator and notes when the first segment became available (time-to-first-audio start)."""
-
-    def __init__(self, segments: AsyncIterator[str]):
-        self._segments = segments
-        self.at: float | None = None
-
-    async def __aiter__(self):
-        async for segment in self._segments:
-            if self.at is None:
-                self.at = time.perf_counter()
-            yield segment
-
-
-class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
+class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
     name = "tts"
     service_names = ("voiceagent.v1.SpeechSynthesizer",)
     methods = ("Synthesize", "StreamingSynthesize", "GetInfo")
 
-    def __init__(self, config: TTSConfig, backend: SpeechBackend | None = None, metrics: TTSMetrics | None = None):
+    def __init__(self, config: TtsConfig, backend: SpeechBackend | None = None):
         self.config = config
-        self.metrics = metrics or tts_metrics()
         if backend is None:
             from services.tts.backends import load_backend
 
-            backend = load_backend(config, self.metrics)
+            backend = load_backend(config)
         self.backend = backend
-        model_config = config.model_source / "config.json" if config.checkpoint else config.model_source
-        self.dtype = json.loads(model_config.read_text()).get("dtype", "float32")
+        self.dtype = config.resolved_dtype  # the device ceilings' matmul peak is measured in it
         self.ceilings: DeviceCeilings = UNMEASURED
 
     # -- runtime lifecycle -------------------------------------------------
@@ -82,28 +59,28 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
     # -- validation --------------------------------------------------------
     def _check_text_length(self, chars: int) -> None:
         if chars > self.config.max_text_chars:
-            raise InvalidArgumentError("text", f"{chars} characters exceed max_text_chars {self.config.max_text_chars}")
+            raise InvalidRequest("text", f"{chars} characters exceed max_text_chars {self.config.max_text_chars}")
 
     def _request(self, config: tts_pb2.SynthesisConfig, segments: AsyncIterator[str]) -> SynthesisRequest:
         if config.sample_rate_hz not in (0, *OUTPUT_SAMPLE_RATES_HZ):
-            raise InvalidArgumentError(
+            raise InvalidRequest(
                 "config.sample_rate_hz",
                 f"{config.sample_rate_hz} not supported; use 0 (native) or {OUTPUT_SAMPLE_RATES_HZ}",
             )
         if config.encoding not in _ENCODINGS:
-            raise InvalidArgumentError("config.encoding", f"{config.encoding} is not PCM16 or FLOAT32")
+            raise InvalidRequest("config.encoding", f"{config.encoding} is not PCM16 or FLOAT32")
         if config.voice:
-            raise InvalidArgumentError("config.voice", "only the default voice (empty) is served")
+            raise InvalidRequest("config.voice", "only the default voice (empty) is served")
         timesteps = self.config.inference_timesteps
         if config.HasField("inference_timesteps"):
             timesteps = config.inference_timesteps
             if not TIMESTEPS_RANGE[0] <= timesteps <= TIMESTEPS_RANGE[1]:
-                raise InvalidArgumentError("config.inference_timesteps", f"{timesteps} outside {TIMESTEPS_RANGE}")
+                raise InvalidRequest("config.inference_timesteps", f"{timesteps} outside {TIMESTEPS_RANGE}")
         cfg_value = self.config.cfg_value
         if config.HasField("cfg_value"):
             cfg_value = config.cfg_value
             if not (math.isfinite(cfg_value) and CFG_RANGE[0] <= cfg_value <= CFG_RANGE[1]):
-                raise InvalidArgumentError("config.cfg_value", f"{cfg_value} outside {CFG_RANGE}")
+                raise InvalidRequest("config.cfg_value", f"{cfg_value} outside {CFG_RANGE}")
         return SynthesisRequest(
             request_id=config.request_id or uuid.uuid4().hex,
             segments=segments,
@@ -122,10 +99,10 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
         try:
             self._check_text_length(len(request.text))  # first: the length alone, before touching the text
             if not request.text.strip():
-                raise InvalidArgumentError("text", "must not be empty")
+                raise InvalidRequest("text", "must not be empty")
             synthesis = self._request(request.config, whole_text())
-        except InvalidArgumentError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except InvalidRequest as exc:
+            await abort(context, exc)
         async for chunk in self._stream("Synthesize", synthesis, context):
             yield chunk
 
@@ -133,11 +110,11 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
         first = await anext(aiter(request_iterator), None)
         try:
             if first is None or first.WhichOneof("request") != "config":
-                raise InvalidArgumentError("config", "the first message must carry the SynthesisConfig")
+                raise InvalidRequest("config", "the first message must carry the SynthesisConfig")
             phrases: asyncio.Queue = asyncio.Queue()
             synthesis = self._request(first.config, self._phrases(phrases))
-        except InvalidArgumentError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except InvalidRequest as exc:
+            await abort(context, exc)
         reader = asyncio.create_task(self._read_text(request_iterator, phrases))
         try:
             async for chunk in self._stream("StreamingSynthesize", synthesis, context, reader):
@@ -148,7 +125,7 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
                 await reader
 
     async def GetInfo(self, request, context):
-        return info_response(self.name, self.backend.facts, self.ceilings, self.backend.limits)
+        return info_response(self.name, self.backend.facts(), self.ceilings, self.backend.limits())
 
     # -- text-in streaming -------------------------------------------------
     async def _read_text(self, request_iterator, phrases: asyncio.Queue) -> None:
@@ -158,10 +135,10 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
         try:
             async for message in request_iterator:
                 if message.WhichOneof("request") != "text":
-                    raise InvalidArgumentError("config", "sent twice: every message after the first carries text")
+                    raise InvalidRequest("config", "sent twice: every message after the first carries text")
                 messages += 1
                 if messages > self.config.max_text_messages:
-                    raise InvalidArgumentError(
+                    raise InvalidRequest(
                         "text", f"more than max_text_messages {self.config.max_text_messages} text messages"
                     )
                 chars += len(message.text.text)
@@ -176,7 +153,7 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
                 phrases.put_nowait(phrase)
                 queued += 1
             if not queued:
-                raise InvalidArgumentError("text", "must not be empty: the stream ended without text")
+                raise InvalidRequest("text", "must not be empty: the stream ended without text")
             phrases.put_nowait(None)
         except Exception as exc:  # ends the RPC: at the next phrase, or at the next audio piece (see _stream)
             phrases.put_nowait(exc)
@@ -193,26 +170,15 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
     async def _stream(
         self, method: str, request: SynthesisRequest, context, text_reader: asyncio.Task | None = None
     ) -> AsyncIterator[tts_pb2.AudioChunk]:
-        metrics = self.metrics
-        first_text = _FirstText(request.segments)
-        request = dataclasses.replace(request, segments=aiter(first_text))
+        def text_error() -> BaseException | None:  # bad text mid-stream stops the phrase being spoken
+            return text_reader.exception() if text_reader is not None and text_reader.done() else None
+
         encoding = common_pb2.AUDIO_ENCODING_PCM16 if request.pcm16 else common_pb2.AUDIO_ENCODING_FLOAT32
         rate = request.sample_rate_hz
-        index, offset, last_at, segments = 0, 0, 0.0, set()
+        index, offset = 0, 0
         try:
-            async with contextlib.aclosing(self.backend.synthesize(request)) as pieces:
+            async with contextlib.aclosing(measure_synthesis(self.backend, request, method, text_error)) as pieces:
                 async for piece in pieces:
-                    if text_reader is not None and text_reader.done() and text_reader.exception():
-                        raise text_reader.exception()  # bad text mid-stream stops the phrase being spoken
-                    now = time.perf_counter()
-                    if index == 0:
-                        metrics.time_to_first_audio.labels(method).observe(now - (first_text.at or now))
-                    elif piece.patches:
-                        metrics.inter_chunk.labels(method).observe(now - last_at)
-                    last_at = now
-                    metrics.patches.inc(piece.patches)
-                    metrics.audio_seconds.inc(piece.samples / rate)
-                    segments.add(piece.segment_index)
                     yield tts_pb2.AudioChunk(
                         request_id=request.request_id,
                         audio=piece.audio,
@@ -228,15 +194,9 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
                     )
                     index += 1
                     offset += piece.samples
-                    if piece.is_last and offset:
-                        metrics.real_time_factor.labels(method).observe(piece.generation_s / (offset / rate))
-        except QueueFullError as exc:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except InvalidArgumentError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except WorkerDiedError as exc:  # the model process died under this request; the pool replaces it
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; retry")
+        except EngineUnavailable as exc:  # the model process died under this request; the pool replaces it
+            await abort(context, exc, "; retry")
+        except ServiceError as exc:  # QueueFull, InvalidRequest (text read mid-stream)
+            await abort(context, exc)
         except RuntimeError as exc:  # a worker failed
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
-        finally:
-            metrics.segments.labels(method).inc(len(segments))

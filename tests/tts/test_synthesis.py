@@ -13,7 +13,7 @@ import torch
 
 from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
 from services.tts.backends.voxcpm_model import build_synthetic
-from services.tts.config import TTSConfig, preset_path
+from services.tts.config import TtsConfig, preset_path
 from tests.tts.conftest import sample, scrape, synthesize
 from voiceagent.v1 import common_pb2
 
@@ -34,7 +34,7 @@ def whole_synthesis(model, text: str, seed: int, max_len: int) -> np.ndarray:
 
 def test_streamed_audio_equals_whole_synthesis_with_the_same_seed(stub, tiny_model):
     streamed = synthesize(stub, TEXT, seed=1234)
-    spec = WorkerSpec.from_config(TTSConfig(preset="tiny"))
+    spec = WorkerSpec.from_config(TtsConfig(preset="tiny"))
     whole = whole_synthesis(tiny_model, TEXT, 1234, segment_max_len(spec, TEXT))
     assert streamed.audio.shape == whole.shape
     # Streaming decodes the causal VAE patch by patch; only float rounding may differ from one whole decode.
@@ -51,7 +51,7 @@ def test_the_seed_makes_output_reproducible(stub):
 def test_every_chunk_but_the_last_is_exactly_one_patch(stub):
     response = synthesize(stub, TEXT, seed=1)
     *patches, last = response.chunks
-    assert len(patches) == segment_max_len(WorkerSpec.from_config(TTSConfig(preset="tiny")), TEXT)
+    assert len(patches) == segment_max_len(WorkerSpec.from_config(TtsConfig(preset="tiny")), TEXT)
     for index, chunk in enumerate(patches):
         assert len(chunk.audio) == PATCH_SAMPLES * 4  # float32
         assert chunk.duration_s == pytest.approx(0.16)

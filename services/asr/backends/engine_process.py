@@ -30,9 +30,10 @@ from collections.abc import AsyncIterator, Mapping
 import numpy as np
 
 from services.asr import metrics
-from services.asr.backend import EngineUnavailable, OfflineResult, StreamSettings
+from services.asr.backend import OfflineResult, StreamSettings
 from services.asr.config import AsrConfig
 from voiceagent.serving.channel import Channel
+from voiceagent.serving.errors import EngineUnavailable
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
 

@@ -6,16 +6,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from services.tts.backend import SpeechBackend
-    from services.tts.config import TTSConfig
-    from services.tts.metrics import TTSMetrics
+    from services.tts.config import TtsConfig
 
 
-def load_backend(config: TTSConfig, metrics: TTSMetrics) -> SpeechBackend:
+def load_backend(config: TtsConfig) -> SpeechBackend:
     """batched: one model, requests share each patch step (default); pool: one request per worker process."""
     if config.backend == "pool":
         from services.tts.backends.voxcpm import VoxCPMBackend
 
-        return VoxCPMBackend(config, metrics)
+        return VoxCPMBackend(config)
     from services.tts.backends.batched import BatchedBackend
 
-    return BatchedBackend(config, metrics)
+    return BatchedBackend(config)

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator
 
 from services.tts.audio import AudioFormatter
-from services.tts.backend import AudioPiece, QueueFullError, SynthesisRequest, WorkerDiedError
+from services.tts.backend import AudioPiece, SynthesisRequest, WorkerDiedError
 from services.tts.backends.batched_engine import (
     EngineSpec,
     Failed,
@@ -38,9 +38,10 @@ from services.tts.backends.batched_engine import (
     engine_main,
 )
 from services.tts.backends.voxcpm import WorkerSpec
-from services.tts.config import TTSConfig
-from services.tts.metrics import TTSMetrics
+from services.tts.config import TtsConfig
+from services.tts.metrics import tts_metrics
 from voiceagent.serving.channel import Channel
+from voiceagent.serving.errors import QueueFull
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
 
@@ -48,15 +49,15 @@ log = logging.getLogger(__name__)
 
 
 class BatchedBackend:
-    def __init__(self, config: TTSConfig, metrics: TTSMetrics):
+    def __init__(self, config: TtsConfig):
         self.config = config
         self.spec = EngineSpec(
             WorkerSpec.from_config(config), config.max_batch, config.cache_positions, config.cuda_graphs
         )
-        self.metrics = metrics
+        self.metrics = tts_metrics()
         self.work = service_metrics("tts")
-        self.facts: ModelFacts | None = None
-        self.limits = {
+        self._facts: ModelFacts | None = None
+        self._limits = {
             "max_batch": config.max_batch,
             "max_queue": config.max_queue,
             "max_text_chars": config.max_text_chars,
@@ -88,7 +89,7 @@ class BatchedBackend:
         self.receiver = asyncio.create_task(self._receive())
         ready = await self.ready
         model = self.spec.model
-        self.facts = ModelFacts(
+        self._facts = ModelFacts(
             backend="voxcpm",
             engine_version=version("voxcpm"),
             preset="checkpoint" if model.checkpoint else model.preset,
@@ -114,6 +115,12 @@ class BatchedBackend:
         if self.receiver is not None:
             self.receiver.cancel()
 
+    def facts(self) -> ModelFacts:
+        return self._facts
+
+    def limits(self) -> dict[str, float]:
+        return self._limits
+
     # -- what the engine sends ---------------------------------------------------------------------------
     async def _receive(self) -> None:
         while (messages := await self.channel.receive()) is not None:
@@ -132,7 +139,7 @@ class BatchedBackend:
             self.ready.set_exception(RuntimeError(self.failure))
         for inbox in self.inboxes.values():
             inbox.put_nowait(Failed(-1, self.failure))
-        if self.facts is not None and not self.stopping:  # started: as the ASR service does, drain and exit
+        if self._facts is not None and not self.stopping:  # started: as the ASR service does, drain and exit
             log.error("%s; failing %d open streams and shutting down", self.failure, len(self.inboxes))
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -147,9 +154,9 @@ class BatchedBackend:
     # -- requests ----------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _slot(self):
-        """One of the engine's slots, waiting in line for it; QueueFullError when `max_queue` already wait."""
+        """One of the engine's slots, waiting in line for it; QueueFull when `max_queue` already wait."""
         if self.in_flight >= self.config.max_batch and self.waiting >= self.config.max_queue:
-            raise QueueFullError(
+            raise QueueFull(
                 f"all {self.config.max_batch} batch slots busy and {self.waiting} requests queued (max_queue)"
             )
         self.waiting += 1
@@ -178,7 +185,7 @@ class BatchedBackend:
         text = await anext(segments, None)
         if text is None:
             return
-        formatter = AudioFormatter(self.facts.shape["sample_rate"], request.sample_rate_hz, request.pcm16)
+        formatter = AudioFormatter(self._facts.shape["sample_rate"], request.sample_rate_hz, request.pcm16)
         async with self._slot() as queue_s:
             request_id = next(self.ids)
             self.inboxes[request_id] = inbox = asyncio.Queue()

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from services.tts.backend import AudioPiece, SynthesisRequest
-from services.tts.config import TTSConfig
-from services.tts.metrics import TTSMetrics
+from services.tts.config import TtsConfig
+from services.tts.metrics import tts_metrics
 from services.tts.pool import WorkerPool
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
@@ -46,7 +46,7 @@ class WorkerSpec:
     compile: bool
 
     @classmethod
-    def from_config(cls, config: TTSConfig) -> WorkerSpec:
+    def from_config(cls, config: TtsConfig) -> WorkerSpec:
         return cls(
             source=str(config.model_source),
             checkpoint=bool(config.checkpoint),
@@ -160,14 +160,13 @@ def worker_main(spec: WorkerSpec, conn, cancel) -> None:
 
 
 class VoxCPMBackend:
-    def __init__(self, config: TTSConfig, metrics: TTSMetrics):
+    def __init__(self, config: TtsConfig):
         self.config = config
         self.spec = WorkerSpec.from_config(config)
-        self.metrics = metrics
         self.work = service_metrics("tts")
-        self.pool = WorkerPool(worker_main, self.spec, config.workers, config.max_queue, metrics)
-        self.facts: ModelFacts | None = None
-        self.limits = {
+        self.pool = WorkerPool(worker_main, self.spec, config.workers, config.max_queue, tts_metrics())
+        self._facts: ModelFacts | None = None
+        self._limits = {
             "workers": config.workers,
             "max_queue": config.max_queue,
             "max_text_chars": config.max_text_chars,
@@ -178,7 +177,7 @@ class VoxCPMBackend:
         from importlib.metadata import version
 
         ready = await self.pool.start()
-        self.facts = ModelFacts(
+        self._facts = ModelFacts(
             backend="voxcpm",
             engine_version=version("voxcpm"),
             preset="checkpoint" if self.spec.checkpoint else self.spec.preset,
@@ -193,6 +192,12 @@ class VoxCPMBackend:
 
     async def stop(self) -> None:
         await self.pool.stop()
+
+    def facts(self) -> ModelFacts:
+        return self._facts
+
+    def limits(self) -> dict[str, float]:
+        return self._limits
 
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioPiece]:
         segments = aiter(request.segments)
