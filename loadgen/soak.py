@@ -25,14 +25,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.processes import ServiceProcess, service_process
 from loadgen.report import run_folder
+from voiceagent.serving.launcher import scrape_samples
 from voiceagent.v1 import llm_pb2, llm_pb2_grpc
 
 SERVICES = ("asr", "llm", "tts")
@@ -160,22 +159,16 @@ def _endpoint_flags(services: dict[str, ServiceProcess]) -> list[str]:
     return flags
 
 
-def _samples(url: str) -> list:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        families = text_string_to_metric_families(response.read().decode())
-    return [sample for family in families for sample in family.samples]
-
-
 def _rpc_codes(url: str, service: str) -> dict[str, float]:
     codes: dict[str, float] = {}
-    for sample in _samples(url):
+    for sample in scrape_samples(url):
         if sample.name == f"voiceagent_{service}_rpc_requests_total" and sample.value:
             codes[sample.labels["code"]] = codes.get(sample.labels["code"], 0) + sample.value
     return codes
 
 
 def _busy(url: str, gauges: tuple[str, ...]) -> dict[str, float]:
-    samples = _samples(url)
+    samples = scrape_samples(url)
     return {gauge: sum(sample.value for sample in samples if sample.name == gauge) for gauge in gauges}
 
 

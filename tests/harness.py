@@ -9,6 +9,8 @@ from voiceagent.serving.launcher import (
     proc_stat,
     read_metrics,
     running_service,
+    sample_sum,
+    scrape_samples,
     start_service,
     venv_python,
 )
@@ -20,6 +22,8 @@ __all__ = [
     "proc_stat",
     "read_metrics",
     "running_service",
+    "sample_sum",
+    "scrape_samples",
     "start_service",
     "venv_python",
 ]

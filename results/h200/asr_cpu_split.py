@@ -16,12 +16,9 @@ import math
 import multiprocessing
 import os
 import time
-import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from services.asr.benchmark import EngineDirect, clip_seconds, service_rtf, start_asr_service
-from voiceagent.serving.launcher import child_processes, proc_stat
+from voiceagent.serving.launcher import child_processes, proc_stat, sample_sum, scrape_samples
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -34,20 +31,11 @@ def cpu_s(pid: int, tid: int | None = None) -> float:
 
 def step_totals(metrics_url: str) -> tuple[float, float, float]:
     """(steps, streams stepped, seconds stepping) so far, from the service's own step histograms."""
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    totals = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in (
-                "voiceagent_asr_step_batch_streams_count",
-                "voiceagent_asr_step_batch_streams_sum",
-                "voiceagent_asr_step_duration_seconds_sum",
-            ):
-                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    samples = scrape_samples(metrics_url)
     return (
-        totals["voiceagent_asr_step_batch_streams_count"],
-        totals["voiceagent_asr_step_batch_streams_sum"],
-        totals["voiceagent_asr_step_duration_seconds_sum"],
+        sample_sum(samples, "voiceagent_asr_step_batch_streams_count"),
+        sample_sum(samples, "voiceagent_asr_step_batch_streams_sum"),
+        sample_sum(samples, "voiceagent_asr_step_duration_seconds_sum"),
     )
 
 

@@ -26,14 +26,12 @@ import math
 import os
 import threading
 import time
-import urllib.request
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
 from services.tts.config import TtsConfig
-from voiceagent.serving.launcher import running_service, venv_python
+from voiceagent.serving.launcher import running_service, scrape_samples, venv_python
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
 TEXT = "Streaming speech starts before the sentence ends."
@@ -200,14 +198,12 @@ def service_level(stub, concurrency: int, requests: int) -> Level:
 
 
 def counters(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        families = text_string_to_metric_families(response.read().decode())
     wanted = (
         "voiceagent_tts_step_requests_sum", "voiceagent_tts_step_requests_count",
         "voiceagent_tts_step_seconds_sum", "voiceagent_tts_prefill_seconds_sum",
         "voiceagent_tts_model_flops_total", "voiceagent_tts_model_read_bytes_total",
     )  # fmt: skip
-    return {s.name: s.value for family in families for s in family.samples if s.name in wanted}
+    return {s.name: s.value for s in scrape_samples(url) if s.name in wanted}
 
 
 def step_counters(before: dict[str, float], after: dict[str, float], concurrency: int) -> str:

@@ -6,12 +6,11 @@ import math
 import sys
 import threading
 import time
-import urllib.request
 
 import grpc
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.harness import sample_sum, scrape_samples
 from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
 
 PCM16 = common_pb2.AUDIO_ENCODING_PCM16
@@ -73,14 +72,8 @@ def recorded(record_dir, request_id: str, backend: str, kind: str) -> tuple[np.n
 
 
 def metric(service, name: str, **labels) -> float:
-    """Sum of the samples of `name` whose labels include `labels`."""
-    text = urllib.request.urlopen(service.metrics_url, timeout=10).read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total
+    """Sum of the samples of `name` whose labels include `labels` (0 when there are none yet)."""
+    return sample_sum(scrape_samples(service.metrics_url), name, default=0.0, **labels)
 
 
 def encoder_frames_of(samples: int) -> int:

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests.deploy.tools import DEPLOY, K8S, REPO, SERVICES, load_yaml, tool
-from tests.harness import start_service, venv_python
+from tests.harness import sample_sum, scrape_samples, start_service, venv_python
 from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2, llm_pb2, llm_pb2_grpc, tts_pb2, tts_pb2_grpc
 
 # Tiny presets; the LLM skips torch.compile warm-up, which halves its start-up (what is tested here is the
@@ -245,11 +245,7 @@ def served(services, prometheus):
 
 
 def engine_steps(metrics_url: str, service: str) -> float:
-    with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(f"voiceagent_{service}_engine_steps_total "):
-                return float(line.split()[1])
-    raise AssertionError(f"{metrics_url} has no voiceagent_{service}_engine_steps_total")
+    return sample_sum(scrape_samples(metrics_url), f"voiceagent_{service}_engine_steps_total")
 
 
 def dashboard_expressions() -> list[tuple[str, str]]:

@@ -7,16 +7,15 @@ the tiny preset (synthetic weights), and a real checkpoint that transformers sav
 from __future__ import annotations
 
 import signal
-import urllib.request
+import time
 
 import grpc
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from services.llm.config import bundled_tokenizer_dir
-from tests.harness import start_service, venv_python
+from tests.harness import sample_sum, scrape_samples, start_service, venv_python
 from voiceagent.v1 import llm_pb2, llm_pb2_grpc
 
 # Small KV cache, no hub look-ups, no compile warm-up: what keeps the suite inside its time budget.
@@ -104,24 +103,15 @@ def generate(stub, timeout: float = 60, **fields) -> list[llm_pb2.GenerateRespon
     return list(stub.Generate(llm_pb2.GenerateRequest(sampling=sampling, **fields), timeout=timeout))
 
 
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a metrics endpoint, keyed by (sample name, sorted labels)."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def metric(samples, name: str, **labels: str) -> float:
-    """The sum of `name` over the samples whose labels include `labels`."""
-    found = [
-        value
-        for (key, sample_labels), value in samples.items()
-        if key == name and set(labels.items()) <= set(sample_labels)
-    ]
-    if not found:
-        raise AssertionError(f"{name} {labels} not exported")
-    return sum(found)
+def wait_idle(url: str, timeout_s: float = 20, also: tuple[str, ...] = ()) -> list:
+    """The service's metrics once no request runs, waits or is in flight (or after `timeout_s`); `also`: more
+    gauges that must read 0 (vLLM's own, say)."""
+    gauges = ("voiceagent_llm_requests_running", "voiceagent_llm_requests_waiting", *also)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = scrape_samples(url)
+        busy = [sample_sum(samples, name) for name in gauges]
+        busy.append(sample_sum(samples, "voiceagent_llm_rpc_in_flight", method="Generate"))
+        if not any(busy) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.2)

@@ -19,8 +19,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.harness import child_processes, running_service, venv_python
-from tests.llm.conftest import TEST_ARGS, TEST_ENV, generate, metric, scrape
+from tests.harness import child_processes, running_service, sample_sum, scrape_samples, venv_python
+from tests.llm.conftest import TEST_ARGS, TEST_ENV, generate, wait_idle
 from voiceagent.v1 import llm_pb2, llm_pb2_grpc
 
 MAX_MODEL_LEN = 512  # TEST_ARGS
@@ -137,22 +137,8 @@ def test_hostile_prompts_do_not_delay_a_small_request(stub, llm):
     )
 
 
-def _wait_idle(url: str, timeout_s: float = 20) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        samples = scrape(url)
-        busy = [
-            metric(samples, "voiceagent_llm_requests_running"),
-            metric(samples, "voiceagent_llm_requests_waiting"),
-            metric(samples, "voiceagent_llm_rpc_in_flight", method="Generate"),
-        ]
-        if not any(busy) or time.monotonic() > deadline:
-            return samples
-        time.sleep(0.2)
-
-
 def test_a_client_deadline_stops_the_engine_request_and_frees_its_slot(stub, llm):
-    before = scrape(llm.metrics_url)
+    before = scrape_samples(llm.metrics_url)
     request = llm_pb2.GenerateRequest(
         text="go on", sampling=llm_pb2.SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
     )
@@ -160,11 +146,11 @@ def test_a_client_deadline_stops_the_engine_request_and_frees_its_slot(stub, llm
         for _ in stub.Generate(request, timeout=0.5):
             pass
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    samples = _wait_idle(llm.metrics_url)
-    assert metric(samples, "voiceagent_llm_requests_running") == 0
-    assert metric(samples, "voiceagent_llm_rpc_in_flight", method="Generate") == 0
+    samples = wait_idle(llm.metrics_url)
+    assert sample_sum(samples, "voiceagent_llm_requests_running") == 0
+    assert sample_sum(samples, "voiceagent_llm_rpc_in_flight", method="Generate") == 0
     # The engine stopped generating for it: far fewer than its 400 tokens were made.
-    generated = metric(samples, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
+    generated = sample_sum(samples, "vllm:generation_tokens_total") - sample_sum(before, "vllm:generation_tokens_total")
     assert generated < 400
 
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from services.llm.config import PRESETS
-from tests.llm.conftest import MAX_IN_FLIGHT, generate, metric, scrape
+from tests.harness import sample_sum, scrape_samples
+from tests.llm.conftest import MAX_IN_FLIGHT, generate
 from voiceagent.v1 import common_pb2, llm_pb2
 
 
@@ -32,7 +33,7 @@ def test_info_reports_the_preset_shape_and_limits(info):
 
 
 def test_latency_histograms_and_token_counters_count_every_request(stub, tiny_llm):
-    before = scrape(tiny_llm.metrics_url)
+    before = scrape_samples(tiny_llm.metrics_url)
     requests, max_tokens = 3, 6
     prompt_tokens = 0
     for index in range(requests):
@@ -40,10 +41,10 @@ def test_latency_histograms_and_token_counters_count_every_request(stub, tiny_ll
             stub, text=f"request {index}", sampling={"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
         )
         prompt_tokens += responses[-1].completion.usage.prompt_tokens
-    after = scrape(tiny_llm.metrics_url)
+    after = scrape_samples(tiny_llm.metrics_url)
 
     def grew(name: str, **labels: str) -> float:
-        return metric(after, name, **labels) - metric(before, name, **labels)
+        return sample_sum(after, name, **labels) - sample_sum(before, name, **labels)
 
     assert grew("voiceagent_llm_time_to_first_token_seconds_count") == requests
     assert grew("voiceagent_llm_inter_token_latency_seconds_count") == requests * (max_tokens - 1)
@@ -54,8 +55,8 @@ def test_latency_histograms_and_token_counters_count_every_request(stub, tiny_ll
     # vLLM's own metrics are re-exported on the same endpoint.
     assert grew("vllm:time_to_first_token_seconds_count") == requests
     assert grew("vllm:generation_tokens_total") == requests * max_tokens
-    assert metric(after, "voiceagent_llm_requests_running") == 0
-    assert metric(after, "voiceagent_llm_requests_waiting") == 0
+    assert sample_sum(after, "voiceagent_llm_requests_running") == 0
+    assert sample_sum(after, "voiceagent_llm_requests_waiting") == 0
 
 
 def expected_work(shape, prompt: int, cached: int, generated: int) -> tuple[float, float]:
@@ -79,20 +80,22 @@ def expected_work(shape, prompt: int, cached: int, generated: int) -> tuple[floa
 @pytest.mark.parametrize("max_tokens", [8, 40])
 def test_work_counters_follow_the_tokens_generated(stub, tiny_llm, info, max_tokens):
     prompt = llm_pb2.TokenIds(ids=[1000 + max_tokens + index for index in range(20)])
-    before = scrape(tiny_llm.metrics_url)
+    before = scrape_samples(tiny_llm.metrics_url)
     responses = generate(
         stub, token_ids=prompt, sampling={"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     )
-    after = scrape(tiny_llm.metrics_url)
+    after = scrape_samples(tiny_llm.metrics_url)
     usage = responses[-1].completion.usage
     assert usage.completion_tokens == max_tokens
     flops, read = expected_work(info.model.shape, usage.prompt_tokens, usage.cached_tokens, max_tokens)
-    steps = metric(after, "voiceagent_llm_engine_steps_total") - metric(before, "voiceagent_llm_engine_steps_total")
+
+    def grew(name: str) -> float:
+        return sample_sum(after, name) - sample_sum(before, name)
+
+    steps = grew("voiceagent_llm_engine_steps_total")
     assert steps == max_tokens  # one prefill step, then one decode step per further token
-    grew_flops = metric(after, "voiceagent_llm_model_flops_total") - metric(before, "voiceagent_llm_model_flops_total")
-    grew_read = metric(after, "voiceagent_llm_model_read_bytes_total") - metric(
-        before, "voiceagent_llm_model_read_bytes_total"
-    )
+    grew_flops = grew("voiceagent_llm_model_flops_total")
+    grew_read = grew("voiceagent_llm_model_read_bytes_total")
     assert grew_flops == pytest.approx(flops, rel=1e-9)
     assert grew_read == pytest.approx(read, rel=1e-9)
     # At batch 1 each step reads all the weights: bytes grow in proportion to the tokens generated.

@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from loadgen.processes import HttpProcess, peer_command
-from tests.harness import REPO, start_service, venv_python
-from tests.llm.conftest import READY_TIMEOUT_S, TEST_ENV, generate, metric, scrape
+from tests.harness import REPO, sample_sum, scrape_samples, start_service, venv_python
+from tests.llm.conftest import READY_TIMEOUT_S, TEST_ENV, generate
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 # The suite's TEST_ARGS (conftest.py) as `vllm serve` flags; given after peer_command's own, they win.
@@ -156,8 +156,8 @@ def test_each_delta_is_one_upstream_event_sent_on_as_it_arrives(vllm_serve, remo
 
 
 def vllm_counts(base_url: str) -> tuple[float, float]:
-    samples = scrape(f"{base_url}/metrics")
-    return metric(samples, "vllm:num_requests_running"), metric(samples, "vllm:generation_tokens_total")
+    samples = scrape_samples(f"{base_url}/metrics")
+    return sample_sum(samples, "vllm:num_requests_running"), sample_sum(samples, "vllm:generation_tokens_total")
 
 
 def wait_for(condition, timeout_s: float, what: str):

@@ -13,8 +13,8 @@ import time
 import grpc
 import pytest
 
-from tests.harness import REPO, start_service, venv_python
-from tests.llm.conftest import generate, metric, scrape
+from tests.harness import REPO, sample_sum, scrape_samples, start_service, venv_python
+from tests.llm.conftest import generate
 from tests.llm.upstream_server import PACE_S
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
@@ -155,8 +155,8 @@ def test_info_reports_the_upstream_and_no_ceilings(remote, upstream):
     assert (info.model.backend, info.model.source, info.model.preset) == ("openai", upstream.url, "fake-upstream")
     assert info.ceilings.device == "unmeasured" and info.model.weight_bytes == 0
     # The service's own latency metrics still count the relayed requests.
-    samples = scrape(remote.service.metrics_url)
-    assert metric(samples, "voiceagent_llm_time_to_first_token_seconds_count") >= 1
+    samples = scrape_samples(remote.service.metrics_url)
+    assert sample_sum(samples, "voiceagent_llm_time_to_first_token_seconds_count") >= 1
 
 
 def closed_port() -> int:

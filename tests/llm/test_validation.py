@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import grpc
 import pytest
 
-from tests.llm.conftest import MAX_IN_FLIGHT, generate, metric, scrape
+from tests.harness import sample_sum, scrape_samples
+from tests.llm.conftest import MAX_IN_FLIGHT, generate, wait_idle
 from voiceagent.v1 import llm_pb2
 
 TINY_VOCAB = 151936
@@ -57,22 +56,6 @@ def _long_request(index: int) -> llm_pb2.GenerateRequest:
     )
 
 
-def _wait_for_idle_engine(url: str, timeout_s: float = 20) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        samples = scrape(url)
-        busy = [
-            metric(samples, "voiceagent_llm_requests_running"),
-            metric(samples, "voiceagent_llm_requests_waiting"),
-            metric(samples, "vllm:num_requests_running"),
-            metric(samples, "vllm:num_requests_waiting"),
-            metric(samples, "voiceagent_llm_rpc_in_flight", method="Generate"),
-        ]
-        if not any(busy) or time.monotonic() > deadline:
-            return samples
-        time.sleep(0.2)
-
-
 def test_more_in_flight_than_configured_is_resource_exhausted(stub, tiny_llm):
     calls = [stub.Generate(_long_request(index), timeout=60) for index in range(MAX_IN_FLIGHT)]
     try:
@@ -85,12 +68,12 @@ def test_more_in_flight_than_configured_is_resource_exhausted(stub, tiny_llm):
     finally:
         for call in calls:
             call.cancel()
-    _wait_for_idle_engine(tiny_llm.metrics_url)
+    wait_idle(tiny_llm.metrics_url, also=("vllm:num_requests_running", "vllm:num_requests_waiting"))
     assert generate(stub, text="room again")[-1].completion.usage.completion_tokens > 0
 
 
 def test_cancelled_streams_free_the_engine(stub, tiny_llm):
-    before = scrape(tiny_llm.metrics_url)
+    before = scrape_samples(tiny_llm.metrics_url)
     cancelled_mid_stream = 0
     wave = 25
     for start in range(0, 500, wave):
@@ -101,17 +84,18 @@ def test_cancelled_streams_free_the_engine(stub, tiny_llm):
                 cancelled_mid_stream += 1
         for call in calls:
             call.cancel()
-    samples = _wait_for_idle_engine(tiny_llm.metrics_url)
-    assert metric(samples, "vllm:num_requests_running") == 0
-    assert metric(samples, "vllm:num_requests_waiting") == 0
-    assert metric(samples, "voiceagent_llm_requests_running") == 0
-    assert metric(samples, "voiceagent_llm_requests_waiting") == 0
-    assert metric(samples, "voiceagent_llm_rpc_in_flight", method="Generate") == 0
-    cancelled = metric(samples, "voiceagent_llm_rpc_requests_total", method="Generate", code="CANCELLED") - metric(
-        before, "voiceagent_llm_rpc_requests_total", method="Generate", code="CANCELLED"
+    samples = wait_idle(tiny_llm.metrics_url, also=("vllm:num_requests_running", "vllm:num_requests_waiting"))
+    assert sample_sum(samples, "vllm:num_requests_running") == 0
+    assert sample_sum(samples, "vllm:num_requests_waiting") == 0
+    assert sample_sum(samples, "voiceagent_llm_requests_running") == 0
+    assert sample_sum(samples, "voiceagent_llm_requests_waiting") == 0
+    assert sample_sum(samples, "voiceagent_llm_rpc_in_flight", method="Generate") == 0
+    labels = dict(method="Generate", code="CANCELLED")
+    cancelled = sample_sum(samples, "voiceagent_llm_rpc_requests_total", **labels) - sample_sum(
+        before, "voiceagent_llm_rpc_requests_total", **labels
     )
     assert cancelled >= cancelled_mid_stream
     # The engine stopped generating for them (its own token counter), not just the streams.
-    generated = metric(samples, "vllm:generation_tokens_total") - metric(before, "vllm:generation_tokens_total")
+    generated = sample_sum(samples, "vllm:generation_tokens_total") - sample_sum(before, "vllm:generation_tokens_total")
     assert generated < 500 * 400 / 4
     assert generate(stub, text="still serving")[-1].completion.usage.completion_tokens > 0

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import time
-import urllib.request
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.harness import start_service, venv_python
+from tests.harness import sample_sum, scrape_samples, start_service, venv_python
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -43,38 +41,33 @@ def test_reflection_lists_the_services(paced):
     } <= names
 
 
-def _scrape(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return response.read().decode()
-
-
-def _sample(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        named = line.startswith(name + "{") or line.startswith(name + " ")
-        if named and all(f'{key}="{value}"' in line for key, value in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} {labels} not exported")
-
-
 def test_metrics_endpoint_serves_rpc_histograms_with_voice_buckets(paced):
-    before = _scrape(paced.metrics_url)
-    assert _sample(before, "voiceagent_paced_rpc_requests_total", method="Synthesize", code="INVALID_ARGUMENT") == 0
-    count_before = _sample(before, "voiceagent_paced_rpc_duration_seconds_count", method="Synthesize", code="OK")
+    before = scrape_samples(paced.metrics_url)
+    assert sample_sum(before, "voiceagent_paced_rpc_requests_total", method="Synthesize", code="INVALID_ARGUMENT") == 0
+    count_before = sample_sum(before, "voiceagent_paced_rpc_duration_seconds_count", method="Synthesize", code="OK")
     with grpc.insecure_channel(paced.address) as channel:
         chunks = list(tts_pb2_grpc.SpeechSynthesizerStub(channel).Synthesize(tts_pb2.SynthesizeRequest(text="abc")))
     assert len(chunks) == 3
-    after = _scrape(paced.metrics_url)
-    assert _sample(after, "voiceagent_paced_rpc_duration_seconds_count", method="Synthesize", code="OK") == (
+    after = scrape_samples(paced.metrics_url)
+    assert sample_sum(after, "voiceagent_paced_rpc_duration_seconds_count", method="Synthesize", code="OK") == (
         count_before + 1
     )
-    buckets = re.findall(r'voiceagent_paced_rpc_duration_seconds_bucket\{.*?le="([^"]+)".*?method="Synthesize"', after)
-    bounds = sorted({float(b) for b in buckets if b != "+Inf"})
+    bounds = sorted(
+        {
+            float(sample.labels["le"])
+            for sample in after
+            if sample.name == "voiceagent_paced_rpc_duration_seconds_bucket"
+            and sample.labels.get("method") == "Synthesize"
+            and sample.labels["le"] != "+Inf"
+        }
+    )
     assert bounds[0] == 0.001 and bounds[-1] == 10.0
     # Three chunks 100 ms apart: the observation lands in the 0.3-0.5 s bucket, not the first one.
-    assert _sample(after, "voiceagent_paced_rpc_duration_seconds_bucket", method="Synthesize", code="OK", le="0.2") == (
-        _sample(before, "voiceagent_paced_rpc_duration_seconds_bucket", method="Synthesize", code="OK", le="0.2")
+    bucket = dict(method="Synthesize", code="OK", le="0.2")
+    assert sample_sum(after, "voiceagent_paced_rpc_duration_seconds_bucket", **bucket) == (
+        sample_sum(before, "voiceagent_paced_rpc_duration_seconds_bucket", **bucket)
     )
-    assert _sample(after, "voiceagent_paced_device_memory_bandwidth_bytes_per_second") > 0
+    assert sample_sum(after, "voiceagent_paced_device_memory_bandwidth_bytes_per_second") > 0
 
 
 def test_sigterm_drains_an_in_flight_stream_and_refuses_new_ones():

@@ -2,13 +2,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import urllib.request
 
 import grpc
 import numpy as np
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
 
 from services.tts.audio import decode_audio
 from tests.harness import running_service, venv_python
@@ -60,17 +58,3 @@ def collect(responses) -> Response:
 
 def synthesize(stub, text: str, **config) -> Response:
     return collect(stub.Synthesize(tts_pb2.SynthesizeRequest(text=text, config=tts_pb2.SynthesisConfig(**config))))
-
-
-def scrape(url: str) -> list:
-    """Every sample the metrics endpoint serves, parsed by prometheus_client."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        families = text_string_to_metric_families(response.read().decode())
-    return [found for family in families for found in family.samples]
-
-
-def sample(samples: list, name: str, **labels: str) -> float:
-    for found in samples:
-        if found.name == name and labels.items() <= found.labels.items():
-            return found.value
-    raise AssertionError(f"{name} {labels} not exported")

@@ -12,8 +12,8 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.harness import running_service, venv_python
-from tests.tts.conftest import Response, collect, sample, scrape, synthesize
+from tests.harness import running_service, sample_sum, scrape_samples, venv_python
+from tests.tts.conftest import Response, collect, synthesize
 from voiceagent.v1 import tts_pb2, tts_pb2_grpc
 
 MAX_BATCH = 8
@@ -96,27 +96,29 @@ def test_a_request_joining_a_running_batch_gets_audio_within_its_prefill_plus_ab
         runner.start()
     for event in going:
         assert event.wait(30)
-    before = scrape(batched.metrics_url)
+    before = scrape_samples(batched.metrics_url)
     joined_at = time.perf_counter()
     joiner = collect(stub.Synthesize(tts_pb2.SynthesizeRequest(text=TEXT)))
-    after = scrape(batched.metrics_url)
+    after = scrape_samples(batched.metrics_url)
     for runner in runners:
         runner.join(60)
     # Counted in steps, which a loaded machine does not stretch: the joiner's text reached the engine during
     # a step (or between two), was prefilled at the next boundary and spoken in the step after it.
-    joins = sample(after, "voiceagent_tts_first_patch_steps_count") - sample(
+    joins = sample_sum(after, "voiceagent_tts_first_patch_steps_count") - sample_sum(
         before, "voiceagent_tts_first_patch_steps_count"
     )
-    within_two = sample(after, "voiceagent_tts_first_patch_steps_bucket", le="2.0") - sample(
+    within_two = sample_sum(after, "voiceagent_tts_first_patch_steps_bucket", le="2.0") - sample_sum(
         before, "voiceagent_tts_first_patch_steps_bucket", le="2.0"
     )
     assert joins == 1 and within_two == 1
-    prefill_s = sample(after, "voiceagent_tts_prefill_seconds_sum") - sample(
+    prefill_s = sample_sum(after, "voiceagent_tts_prefill_seconds_sum") - sample_sum(
         before, "voiceagent_tts_prefill_seconds_sum"
     )
-    steps = sample(after, "voiceagent_tts_step_seconds_count") - sample(before, "voiceagent_tts_step_seconds_count")
+    steps = sample_sum(after, "voiceagent_tts_step_seconds_count") - sample_sum(
+        before, "voiceagent_tts_step_seconds_count"
+    )
     step_s = (
-        sample(after, "voiceagent_tts_step_seconds_sum") - sample(before, "voiceagent_tts_step_seconds_sum")
+        sample_sum(after, "voiceagent_tts_step_seconds_sum") - sample_sum(before, "voiceagent_tts_step_seconds_sum")
     ) / steps
     assert prefill_s < step_s  # one short text: its prefill costs less than a step of five
     # in wall time, as the client sees it (gRPC and a shared 2-core machine included: a loose bound)
@@ -142,7 +144,7 @@ def test_cancelling_mid_batch_frees_the_slot_and_the_others_continue_unchanged(b
         audio = collect(chunk for _, chunk in logs[seed]).audio
         np.testing.assert_allclose(audio, alone[seed], atol=1e-5)
     deadline = time.perf_counter() + 5
-    while sample(scrape(batched.metrics_url), "voiceagent_tts_busy_workers") != 0:
+    while sample_sum(scrape_samples(batched.metrics_url), "voiceagent_tts_busy_workers") != 0:
         assert time.perf_counter() < deadline, "the cancelled request still holds its slot"
         time.sleep(0.05)
     # every slot is free again: a full batch is admitted at once, nobody queues
@@ -151,7 +153,7 @@ def test_cancelling_mid_batch_frees_the_slot_and_the_others_continue_unchanged(b
 
 
 def test_the_step_batch_metric_equals_the_requests_in_flight(batched, stub):
-    before = scrape(batched.metrics_url)
+    before = scrape_samples(batched.metrics_url)
     logs = [[] for _ in range(5)]
     going = [threading.Event() for _ in logs]
     runners = [
@@ -162,17 +164,17 @@ def test_the_step_batch_metric_equals_the_requests_in_flight(batched, stub):
         runner.start()
     for event in going:
         assert event.wait(30)
-    samples = scrape(batched.metrics_url)
-    in_flight = sample(samples, "voiceagent_tts_rpc_in_flight", method="Synthesize")
+    samples = scrape_samples(batched.metrics_url)
+    in_flight = sample_sum(samples, "voiceagent_tts_rpc_in_flight", method="Synthesize")
     assert in_flight == 5
-    assert sample(samples, "voiceagent_tts_step_batch_requests") == in_flight
-    assert sample(samples, "voiceagent_tts_busy_workers") == in_flight
+    assert sample_sum(samples, "voiceagent_tts_step_batch_requests") == in_flight
+    assert sample_sum(samples, "voiceagent_tts_busy_workers") == in_flight
     for runner in runners:
         runner.join(60)
-    after = scrape(batched.metrics_url)
+    after = scrape_samples(batched.metrics_url)
 
     def grew(name: str) -> float:
-        return sample(after, name) - sample(before, name)
+        return sample_sum(after, name) - sample_sum(before, name)
 
     assert grew("voiceagent_tts_engine_steps_total") == grew("voiceagent_tts_step_requests_count")
     # every patch came out of exactly one step, and no step ran more requests than were in flight

@@ -14,8 +14,8 @@ import time
 import grpc
 import pytest
 
-from tests.harness import child_processes, running_service, venv_python
-from tests.tts.conftest import collect, sample, scrape, synthesize
+from tests.harness import child_processes, running_service, sample_sum, scrape_samples, venv_python
+from tests.tts.conftest import collect, synthesize
 from voiceagent.v1 import tts_pb2, tts_pb2_grpc
 
 MAX_TEXT_CHARS = 500
@@ -61,7 +61,7 @@ def wait_for(condition, timeout_s: float = 60.0) -> bool:
 
 
 def gauge(tts, name: str) -> float:
-    return sample(scrape(tts.metrics_url), name)
+    return sample_sum(scrape_samples(tts.metrics_url), name)
 
 
 def refused(call) -> grpc.RpcError:

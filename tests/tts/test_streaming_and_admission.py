@@ -9,7 +9,8 @@ import time
 import grpc
 import pytest
 
-from tests.tts.conftest import collect, sample, scrape, synthesize
+from tests.harness import sample_sum, scrape_samples
+from tests.tts.conftest import collect, synthesize
 from voiceagent.v1 import tts_pb2
 
 LONG_TEXT = "This request speaks for a long while so that it is still going when we act on it. " * 3
@@ -91,10 +92,9 @@ def test_cancelling_a_stream_frees_its_worker_at_once(tts, stub):
     assert follower.chunks[0].queue_s < 1.0
     assert follower.arrivals[0] < 2.0
     assert time.perf_counter() - started < 5
-    assert sample(scrape(tts.metrics_url), "voiceagent_tts_busy_workers") == 0
-    assert (
-        sample(scrape(tts.metrics_url), "voiceagent_tts_rpc_requests_total", method="Synthesize", code="CANCELLED") >= 1
-    )
+    assert sample_sum(scrape_samples(tts.metrics_url), "voiceagent_tts_busy_workers") == 0
+    samples = scrape_samples(tts.metrics_url)
+    assert sample_sum(samples, "voiceagent_tts_rpc_requests_total", method="Synthesize", code="CANCELLED") >= 1
 
 
 def test_requests_past_the_queue_bound_are_refused(stub):

@@ -14,7 +14,8 @@ import torch
 from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
 from services.tts.backends.voxcpm_model import build_synthetic
 from services.tts.config import TtsConfig, preset_path
-from tests.tts.conftest import sample, scrape, synthesize
+from tests.harness import sample_sum, scrape_samples
+from tests.tts.conftest import synthesize
 from voiceagent.v1 import common_pb2
 
 PATCH_SAMPLES = 7680  # 4 latent frames at 25 Hz = 160 ms at 48 kHz
@@ -108,13 +109,13 @@ def test_get_info_reports_the_model_shape_and_limits(stub):
 
 
 def test_metrics_count_patches_audio_and_model_work(tts, stub):
-    before = scrape(tts.metrics_url)
+    before = scrape_samples(tts.metrics_url)
     response = synthesize(stub, TEXT, seed=3)
-    after = scrape(tts.metrics_url)
+    after = scrape_samples(tts.metrics_url)
     patches = len(response.chunks) - 1
 
     def grew(name, **labels):
-        return sample(after, name, **labels) - sample(before, name, **labels)
+        return sample_sum(after, name, **labels) - sample_sum(before, name, **labels)
 
     assert grew("voiceagent_tts_patches_total") == patches
     assert grew("voiceagent_tts_engine_steps_total") == patches
@@ -124,5 +125,5 @@ def test_metrics_count_patches_audio_and_model_work(tts, stub):
     assert grew("voiceagent_tts_real_time_factor_count", method="Synthesize") == 1
     assert grew("voiceagent_tts_queue_seconds_count") == 1
     assert grew("voiceagent_tts_model_flops_total") > 0 and grew("voiceagent_tts_model_read_bytes_total") > 0
-    assert sample(after, "voiceagent_tts_busy_workers") == 0
-    assert sample(after, "voiceagent_tts_workers") == 1
+    assert sample_sum(after, "voiceagent_tts_busy_workers") == 0
+    assert sample_sum(after, "voiceagent_tts_workers") == 1

@@ -17,12 +17,13 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from voiceagent.serving.tls import PLAINTEXT, ClientTls, open_channel
 
@@ -188,16 +189,34 @@ def running_service(
         service.stop()
 
 
-def read_metrics(url: str, timeout_s: float = 10) -> dict[str, float]:
-    """Every sample of a Prometheus text endpoint, by name with its labels (`name{a="b"}`), summed over duplicates."""
+def scrape_samples(url: str, timeout_s: float = 10) -> list[Sample]:
+    """Every sample of a Prometheus text endpoint, parsed by prometheus_client (name, labels, value)."""
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
         text = response.read().decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+_MISSING = object()
+
+
+def sample_sum(samples: Iterable[Sample], name: str, default: float | object = _MISSING, **labels: str) -> float:
+    """The sum of `name` over the samples whose labels include `labels`; LookupError when none does (unless a
+    `default` is given: an unlabelled series not observed yet, say)."""
+    found = [sample.value for sample in samples if sample.name == name and labels.items() <= sample.labels.items()]
+    if not found:
+        if default is _MISSING:
+            raise LookupError(f"{name} {labels} not exported")
+        return default
+    return sum(found)
+
+
+def read_metrics(url: str, timeout_s: float = 10) -> dict[str, float]:
+    """Every sample of a Prometheus text endpoint, by name with its labels (`name{a="b"}`), summed over duplicates."""
     samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{key}="{value}"' for key, value in sorted(sample.labels.items()))
-            key = f"{sample.name}{{{labels}}}" if labels else sample.name
-            samples[key] = samples.get(key, 0.0) + sample.value
+    for sample in scrape_samples(url, timeout_s):
+        labels = ",".join(f'{key}="{value}"' for key, value in sorted(sample.labels.items()))
+        key = f"{sample.name}{{{labels}}}" if labels else sample.name
+        samples[key] = samples.get(key, 0.0) + sample.value
     return samples
 
 
