@@ -13,7 +13,7 @@ consumed frames — only at step 1 of right context 0, whose first step consumes
 the offline pass sees (the convolutions' own zero padding of their activations), which is the ~0.03
 streaming/offline mismatch from frame 1 on at right context 0 recorded in ENGINE_NOTES. Here such a step
 is fed the true history from the clip start and drops exactly the frames that history yields, so
-streaming equals offline for all five contexts (tests/asr/test_streaming_equals_offline.py).
+streaming equals offline for all five contexts (tests/asr/test_streaming.py::test_streaming_equals_offline).
 """
 
 from __future__ import annotations

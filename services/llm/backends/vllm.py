@@ -126,7 +126,7 @@ def yield_to_front_end(nice: int) -> list[int]:
     sched_yield for up to a second after each read, so under load it takes all of that core. The front end's
     wake-ups (a request arriving, a token to send) then queue behind the spinner. At nice 10 they preempt it at
     once. On the 2-core CPU at concurrency 16, 8 round pairs: service/engine-direct tokens/s 97.3 % -> 101.3 %,
-    TTFT p50 +7.3 ms -> -4.1 ms (services/llm/README.md). The engine core's main thread only: its socket threads keep
+    TTFT p50 +7.3 ms -> -4.1 ms (results/cpu/README.md). The engine core's main thread only: its socket threads keep
     their priority. Both benchmark paths get it (the benchmark's in-process engine runs this code too)."""
     import psutil
 
