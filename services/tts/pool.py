@@ -4,12 +4,13 @@ Why processes, not threads: VoxCPM draws its diffusion noise from torch's global
 would share, so a seeded request would not be reproducible next to another one; and its Python-heavy decode
 loop would fight over one GIL. Each worker owns a model, its RNG and its torch threads.
 
-Protocol over a pipe, every message tagged with the lease's job number:
-  parent → worker: ("begin", job, ...), ("segment", job, ...)*, ("end", job), or ("stop",)
-  worker → parent: ("ready", payload) once; ("audio", job, ...)* ("segment_done", job, ...) per segment;
-                   ("ended", job, ...) after "end"; ("error", job, message) instead of a reply on failure.
-Cancelling a lease sets the worker's cancel event (checked after every patch) and sends "end"; the worker
-clears the event on "end", so the worker is free again one patch step after the cancel.
+Messages travel over the shared channel (voiceagent/serving/channel.py) as the dataclasses below, each tagged
+with the lease's job number:
+  parent → worker: Begin, Segment*, End per job; Stop once
+  worker → parent: Ready once; Audio* and SegmentDone per segment; Ended after End; WorkerFailed instead of a
+                   reply when a job fails (the worker lives on)
+Cancelling a lease sets the worker's cancel event (checked after every patch) and sends End; the worker
+clears the event on End, so the worker is free again one patch step after the cancel.
 
 A worker process that dies (killed, out of memory) fails only the request it was serving, with
 WorkerDiedError (UNAVAILABLE); the pool starts a new process in its place at once, whether it died busy or
@@ -20,75 +21,155 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from services.tts.backend import WorkerDiedError
 from services.tts.metrics import TtsMetrics
+from voiceagent.serving.channel import Channel
 from voiceagent.serving.errors import QueueFull
 
 log = logging.getLogger(__name__)
 
 
+# -- parent → worker ---------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Begin:
+    job: int
+    seed: int
+    sample_rate_hz: int
+    pcm16: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    job: int
+    index: int
+    text: str
+    timesteps: int
+    cfg_value: float
+
+
+@dataclasses.dataclass(frozen=True)
+class End:
+    job: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    pass
+
+
+# -- worker → parent ---------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    payload: dict  # what the model is (voxcpm.ready_payload)
+
+
+@dataclasses.dataclass(frozen=True)
+class Audio:
+    """One patch in the requested format, and the model work it took."""
+
+    job: int
+    segment_index: int
+    audio: bytes
+    samples: int
+    flops: float
+    read_bytes: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentDone:
+    job: int
+    segment_index: int
+    patches: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Ended:
+    """After End: whatever the resampler still held."""
+
+    job: int
+    tail: bytes
+    samples: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerFailed:
+    job: int
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Exited:
+    """Put in a worker's inbox (never sent) once its channel closed: the process is gone."""
+
+
 class Worker:
-    """One model process and the parent's end of its pipe."""
+    """One model process and the parent's end of its channel."""
 
     def __init__(self, index: int, target: Callable, spec: Any, on_exit: Callable[[Worker], None] | None = None):
         context = multiprocessing.get_context("spawn")  # fork would copy the parent's threads and torch state
         self.index = index
-        self.conn, child_conn = context.Pipe()
+        self.sock, theirs = socket.socketpair()
         self.cancel = context.Event()
         self.process = context.Process(
-            target=target, args=(spec, child_conn, self.cancel), name=f"tts-worker-{index}", daemon=True
+            target=target, args=(spec, theirs, self.cancel), name=f"tts-worker-{index}", daemon=True
         )
         self.process.start()
-        child_conn.close()
+        theirs.close()
+        self.channel: Channel | None = None
         self.job = 0
         self.ready = False  # only a worker that started is replaced when it dies (no restart loop at start)
         self.exited = False
         self.on_exit = on_exit
-        self.inbox: asyncio.Queue[tuple] = asyncio.Queue()
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.conn.fileno(), self._readable)
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.reader: asyncio.Task | None = None
 
-    def _readable(self) -> None:
-        try:
-            while self.conn.poll():
-                self.inbox.put_nowait(self.conn.recv())
-        except (EOFError, OSError):
-            self._loop.remove_reader(self.conn.fileno())
-            self.exited = True
-            self.inbox.put_nowait(("exit", None))
-            if self.on_exit is not None:
-                self.on_exit(self)
+    async def open(self) -> None:
+        self.channel = await Channel.open(self.sock)
+        self.reader = asyncio.create_task(self._read())
 
-    def send(self, *message: Any) -> None:
-        try:
-            self.conn.send(message)
-        except (OSError, ValueError) as exc:  # the pipe is broken or closed: the process is gone
-            raise WorkerDiedError(f"worker {self.index} is gone ({type(exc).__name__})") from None
+    async def _read(self) -> None:
+        while (messages := await self.channel.receive()) is not None:
+            for message in messages:
+                self.inbox.put_nowait(message)
+        self.exited = True
+        self.inbox.put_nowait(_Exited())
+        if self.on_exit is not None:
+            self.on_exit(self)
 
-    async def receive(self, job: int | None = None) -> tuple:
+    def send(self, message: Begin | Segment | End | Stop) -> None:
+        if self.exited:
+            raise WorkerDiedError(f"worker {self.index} is gone")
+        self.channel.send(message)
+
+    async def receive(self, job: int | None = None):
         """The next message of `job` (replies to an earlier, abandoned job are dropped)."""
         while True:
             message = await self.inbox.get()
-            if message[0] == "exit":
+            if isinstance(message, _Exited):
                 self.inbox.put_nowait(message)
                 raise WorkerDiedError(f"worker {self.index} exited with {self.process.exitcode}")
-            if job is None or message[1] == job:
+            if job is None or message.job == job:
                 return message
 
-    def close(self) -> None:
-        with contextlib.suppress(OSError, ValueError, WorkerDiedError):
-            self._loop.remove_reader(self.conn.fileno())
-            self.send("stop")
-        self.process.join(10)
+    async def close(self) -> None:
+        self.on_exit = None  # closing it is not a death to recover from
+        with contextlib.suppress(WorkerDiedError, ConnectionError):
+            self.send(Stop())
+        if self.channel is not None:
+            await self.channel.close()
+        await asyncio.to_thread(self.process.join, 10)
         if self.process.is_alive():
             self.process.kill()
-        self.conn.close()
+        if self.reader is not None:
+            self.reader.cancel()
 
 
 class Lease:
@@ -100,14 +181,20 @@ class Lease:
         self.queue_s = queue_s
         self.end_sent = False
 
-    def send(self, kind: str, *args: Any) -> None:
-        self.end_sent = self.end_sent or kind == "end"
-        self.worker.send(kind, self.job, *args)
+    def begin(self, seed: int, sample_rate_hz: int, pcm16: bool) -> None:
+        self.worker.send(Begin(self.job, seed, sample_rate_hz, pcm16))
 
-    async def receive(self) -> tuple:
+    def segment(self, index: int, text: str, timesteps: int, cfg_value: float) -> None:
+        self.worker.send(Segment(self.job, index, text, timesteps, cfg_value))
+
+    def end(self) -> None:
+        self.end_sent = True
+        self.worker.send(End(self.job))
+
+    async def receive(self) -> Audio | SegmentDone | Ended:
         message = await self.worker.receive(self.job)
-        if message[0] == "error":
-            raise RuntimeError(f"worker {self.worker.index}: {message[2]}")
+        if isinstance(message, WorkerFailed):
+            raise RuntimeError(f"worker {self.worker.index}: {message.message}")
         return message
 
 
@@ -124,11 +211,12 @@ class WorkerPool:
     async def _spawn(self, index: int) -> tuple[Worker, Any]:
         worker = Worker(index, self.target, self.spec, self._worker_exited)
         self._workers.append(worker)
+        await worker.open()
         message = await worker.receive()
-        if message[0] != "ready":
+        if not isinstance(message, Ready):
             raise RuntimeError(f"worker {index} failed to start: {message}")
         worker.ready = True
-        return worker, message[1]
+        return worker, message.payload
 
     async def start(self) -> Any:
         """Start every worker (they load in parallel); returns the first one's ready payload."""
@@ -150,7 +238,7 @@ class WorkerPool:
         if worker.process.is_alive():  # it closed its pipe but hangs: make sure it is gone
             worker.process.kill()
         await asyncio.to_thread(worker.process.join, 10)
-        worker.close()
+        await worker.close()
         try:
             replacement, _ = await self._spawn(worker.index)
         except Exception:
@@ -170,7 +258,7 @@ class WorkerPool:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(task, 10)
         for worker in self._workers:
-            worker.close()
+            await worker.close()
         self._workers.clear()
 
     @property
@@ -215,8 +303,8 @@ class WorkerPool:
         try:
             if not lease.end_sent:
                 worker.cancel.set()
-                lease.send("end")
-            while (await worker.receive(lease.job))[0] != "ended":
+                lease.end()
+            while not isinstance(await worker.receive(lease.job), Ended):
                 pass
         except WorkerDiedError:  # replaced by _worker_exited
             self.metrics.busy_workers.dec()

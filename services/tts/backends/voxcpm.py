@@ -1,16 +1,20 @@
 """VoxCPM2 backend: a pool of worker processes, each running one VoxCPM2 model, streaming patch by patch.
 
 `worker_main` runs in each worker process (heavy imports happen there, not in the server process): it loads
-the model, measures the per-patch work, warms up and then serves "begin / segment* / end" jobs, sending every
-160 ms patch the moment `VoxCPM2Model.generate_streaming` yields it, already in the requested format.
+the model, measures the per-patch work, warms up and then serves Begin / Segment* / End jobs (pool.py's
+messages, over the shared channel), sending every 160 ms patch the moment `VoxCPM2Model.generate_streaming`
+yields it, already in the requested format; generation runs on a thread while the loop keeps the channel.
 `VoxCPMBackend` is the server-side half: it leases a worker per request and relays its patches.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import math
 import os
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +22,19 @@ from pathlib import Path
 from services.tts.backend import AudioPiece, SynthesisRequest
 from services.tts.config import TtsConfig
 from services.tts.metrics import tts_metrics
-from services.tts.pool import WorkerPool
+from services.tts.pool import (
+    Audio,
+    Begin,
+    End,
+    Ended,
+    Ready,
+    Segment,
+    SegmentDone,
+    Stop,
+    WorkerFailed,
+    WorkerPool,
+)
+from voiceagent.serving.channel import Channel
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
 
@@ -97,66 +113,92 @@ def ready_payload(model, spec: WorkerSpec, work) -> dict:
     }
 
 
-def worker_main(spec: WorkerSpec, conn, cancel) -> None:
+def worker_main(spec: WorkerSpec, sock: socket.socket, cancel) -> None:
     """Entry point of a worker process."""
     import signal
-
-    import torch
-
-    from services.tts.audio import AudioFormatter
-    from services.tts.backends import voxcpm_model
 
     # The server drains in-flight streams on SIGINT/SIGTERM and then stops its workers; a Ctrl-C sent to the
     # whole process group must not kill them first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    torch.set_num_threads(spec.threads)
-    model = load_model(spec)
+    asyncio.run(_serve_worker(spec, sock, cancel))
+
+
+async def _serve_worker(spec: WorkerSpec, sock: socket.socket, cancel) -> None:
+    import torch
+
+    from services.tts.backends import voxcpm_model
+
+    channel = await Channel.open(sock)
+    loop = asyncio.get_running_loop()
+    # One thread does all the torch work (its intra-op thread count is set there), while the event loop keeps
+    # the channel: patches are flushed as they are made.
+    torch_thread = concurrent.futures.ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(spec.threads,))
+    model = await loop.run_in_executor(torch_thread, load_model, spec)
     work = voxcpm_model.PatchWork(model.config, *voxcpm_model.vae_patch_work(model))
+    await loop.run_in_executor(torch_thread, _warm_up, model, spec)
+    channel.send(Ready(ready_payload(model, spec, work)))
+    job = _Job(spec, model, work, channel, cancel)
+    while (messages := await channel.receive()) is not None:
+        for message in messages:
+            if isinstance(message, Stop):
+                await channel.close()
+                return
+            try:  # one job at a time, as the pool leases it
+                await loop.run_in_executor(torch_thread, job.handle, message)
+            except Exception as exc:  # reported to the request, the worker lives on
+                channel.send(WorkerFailed(message.job, f"{type(exc).__name__}: {exc}"))
+
+
+def _warm_up(model, spec: WorkerSpec) -> None:
     for _ in model.generate_streaming(target_text=WARM_UP_TEXT, max_len=2, inference_timesteps=spec.timesteps):
         pass
-    conn.send(("ready", ready_payload(model, spec, work)))
-    formatter = None
-    while True:
+
+
+class _Job:
+    """A worker's side of the jobs it serves: the model, and the current job's output format."""
+
+    def __init__(self, spec: WorkerSpec, model, work, channel: Channel, cancel):
+        self.spec, self.model, self.work, self.channel, self.cancel = spec, model, work, channel, cancel
+        self.formatter = None
+
+    def handle(self, message: Begin | Segment | End) -> None:
+        import torch
+
+        from services.tts.audio import AudioFormatter
+
+        if isinstance(message, Begin):
+            torch.manual_seed(message.seed)
+            self.formatter = AudioFormatter(self.model.sample_rate, message.sample_rate_hz, message.pcm16)
+        elif isinstance(message, Segment):
+            self._speak(message)
+        elif isinstance(message, End):
+            self.cancel.clear()
+            tail, samples = self.formatter.flush() if self.formatter else (b"", 0)
+            self.formatter = None
+            self.channel.send(Ended(message.job, tail, samples))
+
+    def _speak(self, segment: Segment) -> None:
+        model = self.model
+        context = len(model.text_tokenizer(segment.text)) + 1  # text tokens + the audio-start token
+        patches = 0
+        stream = model.generate_streaming(
+            target_text=segment.text,
+            max_len=segment_max_len(self.spec, segment.text),
+            inference_timesteps=segment.timesteps,
+            cfg_value=segment.cfg_value,
+        )
         try:
-            message = conn.recv()
-        except EOFError:
-            return
-        kind, job = message[0], message[1] if len(message) > 1 else None
-        try:
-            if kind == "stop":
-                return
-            if kind == "begin":
-                seed, rate, pcm16 = message[2:]
-                torch.manual_seed(seed)
-                formatter = AudioFormatter(model.sample_rate, rate, pcm16)
-            elif kind == "segment":
-                index, text, timesteps, cfg_value = message[2:]
-                context = len(model.text_tokenizer(text)) + 1  # text tokens + the audio-start token
-                patches = 0
-                stream = model.generate_streaming(
-                    target_text=text,
-                    max_len=segment_max_len(spec, text),
-                    inference_timesteps=timesteps,
-                    cfg_value=cfg_value,
-                )
-                try:
-                    for patch in stream:
-                        if cancel.is_set():
-                            break
-                        audio, samples = formatter.convert(patch.numpy())
-                        conn.send(("audio", job, index, audio, samples, *work.per_patch(context + patches, timesteps)))
-                        patches += 1
-                finally:
-                    stream.close()  # restores the VAE's streaming hooks
-                conn.send(("segment_done", job, index, patches))
-            elif kind == "end":
-                cancel.clear()
-                tail = formatter.flush() if formatter else (b"", 0)
-                formatter = None
-                conn.send(("ended", job, *tail))
-        except Exception as exc:  # reported to the request, the worker lives on
-            conn.send(("error", job, f"{type(exc).__name__}: {exc}"))
+            for patch in stream:
+                if self.cancel.is_set():
+                    break
+                audio, samples = self.formatter.convert(patch.numpy())
+                flops, read_bytes = self.work.per_patch(context + patches, segment.timesteps)
+                self.channel.send(Audio(segment.job, segment.index, audio, samples, flops, read_bytes))
+                patches += 1
+        finally:
+            stream.close()  # restores the VAE's streaming hooks
+        self.channel.send(SegmentDone(segment.job, segment.index, patches))
 
 
 class VoxCPMBackend:
@@ -205,19 +247,19 @@ class VoxCPMBackend:
         if text is None:
             return
         async with self.pool.lease() as lease:
-            lease.send("begin", request.seed, request.sample_rate_hz, request.pcm16)
+            lease.begin(request.seed, request.sample_rate_hz, request.pcm16)
             index, generation_s = 0, 0.0
             while text is not None:
                 started = time.perf_counter()
-                lease.send("segment", index, text, request.inference_timesteps, request.cfg_value)
-                while (message := await lease.receive())[0] == "audio":
-                    _, _, _, audio, samples, flops, read_bytes = message
-                    self.work.record_work(flops, read_bytes)
-                    yield AudioPiece(audio, samples, index, 1, lease.queue_s)
+                lease.segment(index, text, request.inference_timesteps, request.cfg_value)
+                while isinstance(message := await lease.receive(), Audio):
+                    self.work.record_work(message.flops, message.read_bytes)
+                    yield AudioPiece(message.audio, message.samples, index, 1, lease.queue_s)
                 generation_s += time.perf_counter() - started
                 text = await anext(segments, None)
                 index += 1
-            lease.send("end")
-            _, _, tail, samples = await lease.receive()
+            lease.end()
+            ended = await lease.receive()
         # outside the lease: the worker is already free while the closing piece goes out
-        yield AudioPiece(tail, samples, index - 1, 0, lease.queue_s, is_last=True, generation_s=generation_s)
+        last = index - 1
+        yield AudioPiece(ended.tail, ended.samples, last, 0, lease.queue_s, is_last=True, generation_s=generation_s)
