@@ -7,8 +7,9 @@ turn plus a cross-core wake-up. On this 2-core CPU a thread holding the GIL 5 % 
 batched step ~7 %, 20 % of the time ~37 %. In its own process the step has an interpreter to itself
 (vLLM splits its engine core from its API server for the same reason).
 
-The engine process runs the configured in-process backend unchanged (`load_in_process`) on its own event loop. Audio is
-stamped with its arrival time here, so latencies still count from when the gRPC server received it.
+The engine process runs the configured in-process backend unchanged (`load_in_process`) on its own event
+loop; the two talk over the shared channel in the dataclasses of engine_messages.py. Audio is stamped with
+its arrival time here, so latencies still count from when the gRPC server received it.
 Metric calls in the engine process are forwarded and applied to this process's Prometheus registry: one
 endpoint, the same series. If the engine process dies, open streams fail with EngineUnavailable and the
 service shuts down, so that its orchestrator restarts it.
@@ -31,6 +32,21 @@ import numpy as np
 
 from services.asr import metrics
 from services.asr.backend import OfflineResult, StreamSettings
+from services.asr.backends.engine_messages import (
+    CancelStream,
+    CancelTranscribe,
+    EndStream,
+    EngineReady,
+    MetricCall,
+    OpenStream,
+    StartFailed,
+    StopEngine,
+    StreamAudio,
+    StreamFailed,
+    StreamUpdate,
+    Transcribe,
+    Transcribed,
+)
 from services.asr.config import AsrConfig
 from voiceagent.serving.channel import Channel
 from voiceagent.serving.errors import EngineUnavailable
@@ -71,13 +87,15 @@ class EngineProcess:
         self.channel = await Channel.open(ours)
         self.ready = asyncio.get_running_loop().create_future()
         self.receiver = asyncio.create_task(self._receive())
-        self.name, self.chunk_ms_choices, self._facts, self._limits = await self.ready
+        ready = await self.ready
+        self.name, self.chunk_ms_choices = ready.name, ready.chunk_ms_choices
+        self._facts, self._limits = ready.facts, ready.limits
         self.started = True
 
     async def stop(self) -> None:
         self.stopping = True
         if self.channel is not None:
-            self.channel.send(("stop",))
+            self.channel.send(StopEngine())
             await self.channel.close()
         if self.process is not None:
             await asyncio.to_thread(self.process.join, 30)
@@ -99,7 +117,7 @@ class EngineProcess:
         stream_id = next(self.ids)
         updates: asyncio.Queue = asyncio.Queue()
         self.streams[stream_id] = updates
-        self.channel.send(("open", stream_id, settings))
+        self.channel.send(OpenStream(stream_id, settings))
         pump = asyncio.create_task(self._pump(stream_id, audio, updates))
         final = False
         try:
@@ -115,29 +133,29 @@ class EngineProcess:
             pump.cancel()
             del self.streams[stream_id]
             if not final and not self.failure:
-                self.channel.send(("cancel", stream_id))  # the client left (or its audio was bad): free the slot
+                self.channel.send(CancelStream(stream_id))  # the client left (or its audio was bad): free the slot
 
     async def _pump(self, stream_id: int, audio: AsyncIterator[np.ndarray], updates: asyncio.Queue) -> None:
         try:
             async for piece in audio:
-                self.channel.send(("audio", stream_id, piece, time.perf_counter()))
+                self.channel.send(StreamAudio(stream_id, piece, time.perf_counter()))
         except Exception as exc:  # malformed audio: hand it to the stream's reader
             updates.put_nowait(exc)
             return
-        self.channel.send(("end", stream_id, time.perf_counter()))
+        self.channel.send(EndStream(stream_id, time.perf_counter()))
 
     async def transcribe(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
         self._check()
         request_id = next(self.ids)
         self.offline[request_id] = result = asyncio.get_running_loop().create_future()
-        self.channel.send(("transcribe", request_id, settings, audio))
+        self.channel.send(Transcribe(request_id, settings, audio))
         try:
             return await result
         finally:
             del self.offline[request_id]
             # Cancelled (client gone, deadline; awaiting the future cancelled it too): stop the engine's work.
             if (result.cancelled() or not result.done()) and not self.failure:
-                self.channel.send(("cancel-transcribe", request_id))
+                self.channel.send(CancelTranscribe(request_id))
 
     def _check(self) -> None:
         if self.failure:
@@ -147,33 +165,29 @@ class EngineProcess:
     async def _receive(self) -> None:
         while (messages := await self.channel.receive()) is not None:
             for message in messages:
-                self._dispatch(*message)
+                self._dispatch(message)
         await self._engine_lost()
 
-    def _dispatch(self, kind: str, *fields) -> None:
-        if kind == "update":
-            stream_id, update = fields
-            if (updates := self.streams.get(stream_id)) is not None:
-                updates.put_nowait(update)
-        elif kind == "failed":
-            stream_id, message = fields
-            if (updates := self.streams.get(stream_id)) is not None:
-                updates.put_nowait(RuntimeError(message))
-        elif kind == "metric":
-            name, labels, method, args = fields
-            target = self.targets.get(name) or getattr(metrics, name)
-            getattr(target.labels(*labels) if labels else target, method)(*args)
-        elif kind == "transcribed":
-            request_id, result = fields
-            if (future := self.offline.get(request_id)) is not None and not future.done():
-                if isinstance(result, str):
-                    future.set_exception(RuntimeError(result))
+    def _dispatch(self, message) -> None:
+        if isinstance(message, StreamUpdate):
+            if (updates := self.streams.get(message.stream_id)) is not None:
+                updates.put_nowait(message.update)
+        elif isinstance(message, StreamFailed):
+            if (updates := self.streams.get(message.stream_id)) is not None:
+                updates.put_nowait(RuntimeError(message.message))
+        elif isinstance(message, MetricCall):
+            target = self.targets.get(message.metric) or getattr(metrics, message.metric)
+            getattr(target.labels(*message.labels) if message.labels else target, message.method)(*message.args)
+        elif isinstance(message, Transcribed):
+            if (future := self.offline.get(message.request_id)) is not None and not future.done():
+                if isinstance(message.result, str):
+                    future.set_exception(RuntimeError(message.result))
                 else:
-                    future.set_result(result)
-        elif kind == "ready":
-            self.ready.set_result(fields)
-        elif kind == "start-failed":
-            self.ready.set_exception(EngineUnavailable(f"the ASR engine failed to start: {fields[0]}"))
+                    future.set_result(message.result)
+        elif isinstance(message, EngineReady):
+            self.ready.set_result(message)
+        elif isinstance(message, StartFailed):
+            self.ready.set_exception(EngineUnavailable(f"the ASR engine failed to start: {message.message}"))
 
     async def _engine_lost(self) -> None:
         await asyncio.to_thread(self.process.join, 5)
@@ -204,7 +218,7 @@ class _Forwarded:
         return _Forwarded(self.channel, self.name, labels)
 
     def __getattr__(self, method: str):
-        return lambda *args: self.channel.send(("metric", self.name, self.label_values, method, args))
+        return lambda *args: self.channel.send(MetricCall(self.name, self.label_values, method, args))
 
 
 def _engine_main(config: AsrConfig, sock: socket.socket) -> None:
@@ -227,19 +241,19 @@ async def _serve_engine(config: AsrConfig, sock: socket.socket) -> None:
         await backend.start()
     except Exception as exc:
         log.exception("the ASR engine failed to start")
-        channel.send(("start-failed", f"{type(exc).__name__}: {exc}"))
+        channel.send(StartFailed(f"{type(exc).__name__}: {exc}"))
         await channel.close()
         return
     gc.freeze()  # as the gRPC process does after start-up: keep the collector off the model's objects
-    channel.send(("ready", backend.name, backend.chunk_ms_choices, backend.facts(), dict(backend.limits())))
+    channel.send(EngineReady(backend.name, backend.chunk_ms_choices, backend.facts(), dict(backend.limits())))
     engine = _Engine(backend, channel)
     while (messages := await channel.receive()) is not None:
         for message in messages:
-            if message[0] == "stop":
+            if isinstance(message, StopEngine):
                 await engine.stop()
                 await channel.close()
                 return
-            engine.dispatch(*message)
+            engine.dispatch(message)
     await engine.stop()  # the gRPC process is gone
 
 
@@ -253,38 +267,37 @@ class _Engine:
         self.tasks: dict[int, asyncio.Task] = {}
         self.transcribing: dict[int, asyncio.Task] = {}  # the loop keeps only weak references to tasks
 
-    def dispatch(self, kind: str, *fields) -> None:
-        if kind == "open":
-            stream_id, settings = fields
+    def dispatch(self, message) -> None:
+        if isinstance(message, OpenStream):
+            stream_id = message.stream_id
             self.audio[stream_id] = asyncio.Queue()
-            self.tasks[stream_id] = task = asyncio.create_task(self._stream(stream_id, settings))
+            self.tasks[stream_id] = task = asyncio.create_task(self._stream(stream_id, message.settings))
             task.add_done_callback(lambda _, forget=stream_id: self._forget(forget))
-        elif kind == "audio":
-            stream_id, piece, arrived_at = fields
-            if (queue := self.audio.get(stream_id)) is not None:
-                queue.put_nowait((piece, arrived_at))
-        elif kind == "end":
-            stream_id, ended_at = fields
-            if (queue := self.audio.get(stream_id)) is not None:
-                queue.put_nowait((None, ended_at))
-        elif kind == "cancel":
-            if (task := self.tasks.get(fields[0])) is not None:
+        elif isinstance(message, StreamAudio):
+            if (queue := self.audio.get(message.stream_id)) is not None:
+                queue.put_nowait((message.piece, message.arrived_at))
+        elif isinstance(message, EndStream):
+            if (queue := self.audio.get(message.stream_id)) is not None:
+                queue.put_nowait((None, message.ended_at))
+        elif isinstance(message, CancelStream):
+            if (task := self.tasks.get(message.stream_id)) is not None:
                 task.cancel()
-        elif kind == "transcribe":
-            request_id = fields[0]
-            self.transcribing[request_id] = task = asyncio.create_task(self._transcribe(*fields))
+        elif isinstance(message, Transcribe):
+            request_id = message.request_id
+            work = self._transcribe(request_id, message.settings, message.audio)
+            self.transcribing[request_id] = task = asyncio.create_task(work)
             task.add_done_callback(lambda _, forget=request_id: self.transcribing.pop(forget, None))
-        elif kind == "cancel-transcribe" and (task := self.transcribing.get(fields[0])) is not None:
+        elif isinstance(message, CancelTranscribe) and (task := self.transcribing.get(message.request_id)) is not None:
             task.cancel()
 
     async def _stream(self, stream_id: int, settings: StreamSettings) -> None:
         try:
             async for update in self.backend.recognize_timed(settings, self._arrivals(stream_id)):
-                self.channel.send(("update", stream_id, update))
+                self.channel.send(StreamUpdate(stream_id, update))
         except asyncio.CancelledError:
             pass
         except Exception as exc:
-            self.channel.send(("failed", stream_id, f"ASR engine: {type(exc).__name__}: {exc}"))
+            self.channel.send(StreamFailed(stream_id, f"ASR engine: {type(exc).__name__}: {exc}"))
 
     def _forget(self, stream_id: int) -> None:
         del self.audio[stream_id], self.tasks[stream_id]
@@ -302,7 +315,7 @@ class _Engine:
             result: OfflineResult | str = await self.backend.transcribe(settings, audio)
         except Exception as exc:
             result = f"ASR engine: {type(exc).__name__}: {exc}"
-        self.channel.send(("transcribed", request_id, result))
+        self.channel.send(Transcribed(request_id, result))
 
     async def stop(self) -> None:
         running = [*self.tasks.values(), *self.transcribing.values()]
