@@ -22,6 +22,10 @@ class WorkerDiedError(RuntimeError):
     in its place; the batched engine's service shuts down to be restarted (one model serves every request)."""
 
 
+class UnfitTextError(ValueError):
+    """The model cannot hold a segment's text (services/tts/context.py): the caller gets INVALID_ARGUMENT."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SynthesisRequest:
     request_id: str

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from services.tts.backend import QueueFullError, SpeechBackend, SynthesisRequest, WorkerDiedError
+from services.tts.backend import QueueFullError, SpeechBackend, SynthesisRequest, UnfitTextError, WorkerDiedError
 from services.tts.config import CFG_RANGE, NATIVE_SAMPLE_RATE_HZ, OUTPUT_SAMPLE_RATES_HZ, TIMESTEPS_RANGE, TTSConfig
 from services.tts.metrics import TTSMetrics, tts_metrics
 from services.tts.phrases import PhraseSplitter
@@ -84,6 +84,12 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
         if chars > self.config.max_text_chars:
             raise InvalidArgumentError("text", f"{chars} characters exceed max_text_chars {self.config.max_text_chars}")
 
+    def _check_fits(self, text: str, where: str = "text") -> None:
+        """The model can hold `text` as one segment (services/tts/context.py); checked before it waits for a slot."""
+        budget = getattr(self.backend, "context", None)
+        if budget is not None and (problem := budget.problem(text)):
+            raise InvalidArgumentError(where, problem)
+
     def _request(self, config: tts_pb2.SynthesisConfig, segments: AsyncIterator[str]) -> SynthesisRequest:
         if config.sample_rate_hz not in (0, *OUTPUT_SAMPLE_RATES_HZ):
             raise InvalidArgumentError(
@@ -123,6 +129,7 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
             self._check_text_length(len(request.text))  # first: the length alone, before touching the text
             if not request.text.strip():
                 raise InvalidArgumentError("text", "must not be empty")
+            self._check_fits(request.text)  # the whole text is one segment
             synthesis = self._request(request.config, whole_text())
         except InvalidArgumentError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -170,9 +177,11 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
                 if message.text.flush:
                     ready += splitter.flush()
                 for phrase in ready:
+                    self._check_fits(phrase, f"text (phrase {queued})")
                     phrases.put_nowait(phrase)
-                queued += len(ready)
+                    queued += 1
             for phrase in splitter.flush():
+                self._check_fits(phrase, f"text (phrase {queued})")
                 phrases.put_nowait(phrase)
                 queued += 1
             if not queued:
@@ -232,7 +241,7 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
                         metrics.real_time_factor.labels(method).observe(piece.generation_s / (offset / rate))
         except QueueFullError as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        except InvalidArgumentError as exc:
+        except (InvalidArgumentError, UnfitTextError) as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except WorkerDiedError as exc:  # the model process died under this request; the pool replaces it
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{exc}; retry")
