@@ -66,6 +66,12 @@ class TTSService(tts_pb2_grpc.SpeechSynthesizerServicer):
     def add_to_server(self, server: grpc.aio.Server) -> None:
         tts_pb2_grpc.add_SpeechSynthesizerServicer_to_server(self, server)
 
+    @property
+    def failure(self) -> str:
+        """Why the engine is gone ("" while it runs): the runtime then exits non-zero after draining, so that a
+        restart policy restarts the service (the batched engine; the pool replaces a dead worker itself)."""
+        return getattr(self.backend, "failure", "")
+
     def message_limits(self) -> tuple[int, int]:
         """gRPC receive and send limits in bytes. Receive: 1 MiB plus 16 bytes per allowed character (4 times
         the longest legal text in UTF-8), so an oversized text still gets the INVALID_ARGUMENT naming
