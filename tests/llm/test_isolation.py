@@ -81,6 +81,16 @@ def test_a_prompt_under_the_byte_limit_but_too_many_tokens_is_refused_after_toke
         generate(stub, text="word " * (MAX_PROMPT_BYTES // 5 - 1))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "exceeds the model's max length" in error.value.details()
+    # Counted on a prefix (~4 KB of its 64 KB): the rest is never tokenised (services/llm/backends/vllm.py _encode).
+    assert "counted in its first" in error.value.details()
+
+
+def test_a_long_prompt_that_fits_is_tokenised_whole_and_served(stub):
+    """Past the prefix's length but within max_model_len: counted in full, served (a single token is far more than
+    one character here: runs of 40 spaces and a letter, two tokens each)."""
+    text = ("x" + " " * 40) * 250  # 10,250 characters and 500 tokens: longer than the probe (2 x 8 x 508)
+    responses = generate(stub, text=text, sampling={"max_tokens": 4})
+    assert 0 < responses[-1].completion.usage.prompt_tokens <= MAX_MODEL_LEN - 4
 
 
 def send_hostile(address: str, kind: str, duration_s: float) -> int:
