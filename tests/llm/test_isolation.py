@@ -59,8 +59,20 @@ def test_an_oversized_text_prompt_is_refused_at_once_naming_the_limit(stub, mega
         generate(stub, text="x" * (megabytes << 20))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"max_prompt_bytes {MAX_PROMPT_BYTES}" in error.value.details()
-    assert "prompt.text" in error.value.details()
+    # Refused unparsed (servicer.OversizedRequest): named from the wire's length prefixes, exact to the byte.
+    assert f"prompt.text: {megabytes << 20} bytes in a request of" in error.value.details()
     assert time.perf_counter() - started < 2.0  # sending 32 MB over loopback included
+
+
+def test_an_oversized_request_id_or_stop_string_is_refused_naming_the_field(stub):
+    for fields, named in [
+        ({"request_id": "r" * (2 << 20)}, "request_id"),
+        ({"sampling": {"stop": ["s" * (2 << 20)]}}, "sampling"),
+    ]:
+        with pytest.raises(grpc.RpcError) as error:
+            generate(stub, text="hi", **fields)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details().startswith(f"{named}: ") and "max_prompt_bytes" in error.value.details()
 
 
 def test_chat_contents_count_together_and_token_ids_against_max_model_len(stub):
