@@ -1,8 +1,9 @@
 """A soak: the three services and the voice turn under steady load for a long time, with cancels and abrupt
 disconnects mixed in, to prove that nothing leaks.
 
-It starts the services (ports the OS picks), runs one loadgen sweep level per target at a fixed
-concurrency for the whole duration (the same Locust users `make sweep` uses, each in its own process),
+It starts the services (ports the OS picks), runs one loadgen sweep level per target for the whole duration
+(the same Locust users `make sweep` uses, each in its own process) at about 70 % of that target's knee in a
+run's results (`--from-run reports/<run>`; by default the newest `reports/*-run`, see `soak_levels`),
 and meanwhile every `--disrupt-every-s` cancels an LLM stream after its first token and kills a client
 process in the middle of a TTS or an ASR stream (alternately). Every 5 s it samples each service's resident
 memory and open file descriptors (the gRPC process and its engine/worker children). Passes when:
@@ -11,9 +12,10 @@ memory and open file descriptors (the gRPC process and its engine/worker childre
   calls, TTS busy workers and queue);
 - resident memory grows no faster than `--max-rss-mb-per-h` per service and open descriptors by at most
   `--max-fd-growth`, both measured from the end of the first third (warm-up: allocator pools, compile and
-  tokenizer caches) to the end; the slope is a least-squares fit, reported per hour.
+  tokenizer caches) to the end; the slopes (memory and descriptors) are least-squares fits, reported per hour.
 
-    python -m loadgen.soak --duration-s 1800                # make soak
+    python -m loadgen.soak --duration-s 1800                # make soak: levels from the newest reports/*-run
+    python -m loadgen.soak --from-run results/cpu/run-2026-12-03   # levels from that run's knees
     python -m loadgen.soak --duration-s 180 --preset tiny   # the short version tests/loadgen/test_soak.py runs
 """
 
@@ -39,6 +41,13 @@ TARGETS = ("asr", "llm", "tts", "voice")
 SAMPLE_EVERY_S = 5.0
 IDLE_WITHIN_S = 30.0  # busy gauges must read 0 within this long once the load stopped
 EXPECTED_CODES = ("OK", "CANCELLED")
+KNEE_SHARE = 0.7  # each target runs at about this share of its knee
+# Without a run to read knees from (or with --preset, whose knees no run measured): small fixed levels that the
+# tiny presets hold on 2 cores with all four targets at once.
+DEFAULT_LEVELS = {"asr": 2, "llm": 4, "tts": 1, "voice": 1}
+# The workload a run's sweeps used, passed on so the soak offers the requests its knees were measured with.
+WORKLOAD_FLAGS = ("prompt_tokens", "output_tokens", "utterance_s", "chunk_ms", "text_words", "reply_tokens",
+                  "flush_words", "timeout_s", "inference_timesteps")  # fmt: skip
 BUSY_GAUGES = {  # service -> gauges that must read 0 once the load stops
     "asr": ("voiceagent_asr_rpc_in_flight", "voiceagent_asr_active_streams", "voiceagent_asr_offline_requests"),
     "llm": ("voiceagent_llm_rpc_in_flight", "voiceagent_llm_requests_running", "voiceagent_llm_requests_waiting"),
@@ -102,6 +111,73 @@ def slope_per_hour(samples: list[tuple[float, float]]) -> float:
     mean_v = sum(v for _, v in samples) / len(samples)
     spread = sum((t - mean_t) ** 2 for t, _ in samples)
     return 0.0 if not spread else 3600 * sum((t - mean_t) * (v - mean_v) for t, v in samples) / spread
+
+
+def newest_run(reports: Path) -> Path | None:
+    """The newest `make run` folder under `reports` with at least one target's results.json."""
+    runs = [run for run in sorted(reports.glob("*-run")) if any(run.glob("*/results.json"))]
+    return runs[-1] if runs else None
+
+
+def knee_level(results: dict) -> tuple[int, str]:
+    """About 70 % of one target's capacity in a sweep's results.json, and why.
+
+    The capacity is the throughput knee, or for real-time targets (ASR, TTS, the voice turn) the real-time limit
+    when that is lower (past it streams fall behind, however much throughput still grows); with neither, the
+    highest level measured without errors (a lower bound: the sweep stopped before a knee)."""
+    analysis = results.get("analysis", {})
+    knee, realtime = analysis.get("knee_concurrency"), analysis.get("realtime_limit")
+    found = [(knee, "knee"), (realtime, "real-time limit")]
+    found = [(value, name) for value, name in found if value]
+    if found:
+        capacity, name = min(found)
+    else:
+        clean = [level["concurrency"] for level in results.get("levels", []) if not level.get("errors")]
+        if not clean:
+            raise ValueError("no level without errors")
+        capacity, name = max(clean), "highest level without errors (no knee measured)"
+    level = max(1, round(KNEE_SHARE * capacity))
+    return level, f"{level} = {KNEE_SHARE:.0%} of C={capacity}, the {name}"
+
+
+def soak_levels(args: argparse.Namespace) -> dict:
+    """Which concurrency, preset and workload each target soaks at, and why.
+
+    `--from-run RUN` reads RUN/<target>/results.json; without it the newest `reports/*-run` (unless --preset is
+    given: no run measured that preset's knees); without a run, DEFAULT_LEVELS. An explicit --asr/--llm/--tts/
+    --voice wins. The run's presets and workload come along, so the services and requests are the ones the knees
+    were measured on. The knees were each measured alone; the soak runs all four at once on the same machine."""
+    run = args.from_run
+    if run is None and not args.preset:
+        run = newest_run(args.reports)
+    plan: dict = {"run": str(run) if run else None, "presets": {}, "workload": [], "levels": {}}
+    for target in TARGETS:
+        explicit = getattr(args, target)
+        results_file = run / target / "results.json" if run else None
+        if explicit is not None:
+            plan["levels"][target] = {"concurrency": explicit, "why": "set on the command line"}
+        elif results_file and results_file.is_file():
+            level, why = knee_level(json.loads(results_file.read_text()))
+            plan["levels"][target] = {"concurrency": level, "why": f"{why} in {results_file}"}
+        else:
+            why = f"no {results_file}" if results_file else ("--preset given" if args.preset else "no run found")
+            plan["levels"][target] = {"concurrency": DEFAULT_LEVELS[target], "why": f"fixed default ({why})"}
+    if run and not args.preset:
+        for name in SERVICES:
+            results_file = run / name / "results.json"
+            if results_file.is_file():
+                plan["presets"][name] = json.loads(results_file.read_text())["facts"].get("preset", "")
+        first = next(iter(sorted(run.glob("*/results.json"))), None)
+        if first:
+            workload = json.loads(first.read_text())["workload"]
+            for name in WORKLOAD_FLAGS:
+                value = workload.get(name)
+                if value is not None:
+                    value = value["spec"] if isinstance(value, dict) else value
+                    plan["workload"] += [f"--{name.replace('_', '-')}", str(value)]
+            if workload.get("ignore_eos") is False:
+                plan["workload"].append("--no-ignore-eos")
+    return plan
 
 
 class Disruptor:
@@ -173,22 +249,27 @@ def _busy(url: str, gauges: tuple[str, ...]) -> dict[str, float]:
 
 
 def run_soak(args: argparse.Namespace) -> dict:
+    plan = soak_levels(args)
     folder = run_folder(args.reports, "soak")
-    preset = ["--preset", args.preset] if args.preset else []
-    services = {name: service_process(name, folder / f"{name}.log", [*preset, "--probe-ceilings", "false"])
-                for name in SERVICES}  # fmt: skip
+    (folder / "levels.json").write_text(json.dumps(plan, indent=1))
+    for target, level in plan["levels"].items():
+        print(f"soak: {target} at C={level['concurrency']}: {level['why']}", flush=True)
+    services = {}
+    for name in SERVICES:
+        preset = args.preset or plan["presets"].get(name, "")
+        flags = ["--preset", preset] if preset else []
+        services[name] = service_process(name, folder / f"{name}.log", [*flags, "--probe-ceilings", "false"])
     sweeps: list[subprocess.Popen] = []
     disruptor = Disruptor(services, args.disrupt_every_s)
     try:
         for service in services.values():
             service.wait_serving(900)
-        concurrency = {"asr": args.asr, "llm": args.llm, "tts": args.tts, "voice": args.voice}
         for target in TARGETS:
-            if concurrency[target]:
+            if concurrency := plan["levels"][target]["concurrency"]:
                 command = [sys.executable, "-m", "loadgen", "sweep", "--target", target,
-                           "--concurrency", str(concurrency[target]), "--duration-s", str(args.duration_s),
+                           "--concurrency", str(concurrency), "--duration-s", str(args.duration_s),
                            "--warmup-s", "5", "--reports", str(folder / "sweeps"),
-                           *_endpoint_flags(services)]  # fmt: skip
+                           *plan["workload"], *_endpoint_flags(services)]  # fmt: skip
                 log = (folder / f"sweep-{target}.log").open("w")
                 sweeps.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
         started = time.monotonic()
@@ -203,7 +284,7 @@ def run_soak(args: argparse.Namespace) -> dict:
         disruptor.stop.set()
         disruptor.thread.join(120)
         time.sleep(3)  # the last cancelled or dropped streams are released
-        return _verdict(args, folder, services, sweeps, disruptor, footprints)
+        return _verdict(args, folder, services, sweeps, disruptor, footprints, plan)
     finally:
         disruptor.stop.set()
         for sweep in sweeps:
@@ -213,7 +294,7 @@ def run_soak(args: argparse.Namespace) -> dict:
             service.stop()
 
 
-def _verdict(args, folder, services, sweeps, disruptor, footprints) -> dict:
+def _verdict(args, folder, services, sweeps, disruptor, footprints, plan) -> dict:
     problems: list[str] = []
     sweep_errors = {}
     for results in sorted((folder / "sweeps").glob("*/results.json")):
@@ -224,7 +305,9 @@ def _verdict(args, folder, services, sweeps, disruptor, footprints) -> dict:
             problems.append(f"{target} sweep: {errors} errors")
     if len(sweep_errors) != len(sweeps):
         problems.append(f"only {len(sweep_errors)} of {len(sweeps)} sweeps wrote results (see sweep-*.log)")
-    report: dict = {"duration_s": args.duration_s, "disruptions": disruptor.counts, "services": {}}
+    report: dict = {"duration_s": args.duration_s, "levels": plan["levels"], "from_run": plan["run"],
+                    "presets": plan["presets"], "workload": plan["workload"],
+                    "disruptions": disruptor.counts, "services": {}}  # fmt: skip
     problems += disruptor.failures
     for name, service in services.items():
         codes = _rpc_codes(service.metrics_url, name)
@@ -235,6 +318,7 @@ def _verdict(args, folder, services, sweeps, disruptor, footprints) -> dict:
         samples = footprints[name]
         steady = [sample for sample in samples if sample[0] >= samples[-1][0] / 3]
         rss_slope = slope_per_hour([(t, rss) for t, rss, _ in steady])
+        fd_slope = slope_per_hour([(t, fds) for t, _, fds in steady])
         fd_growth = steady[-1][2] - steady[0][2] if steady else 0
         report["services"][name] = {
             "rpc_codes": codes,
@@ -246,6 +330,8 @@ def _verdict(args, folder, services, sweeps, disruptor, footprints) -> dict:
             "fds_start": samples[0][2] if samples else 0,
             "fds_end": samples[-1][2] if samples else 0,
             "fd_growth_after_warmup": fd_growth,
+            "fds_per_hour": round(fd_slope, 1),
+            "samples_s_rss_mib_fds": [(round(t, 1), round(rss, 1), fds) for t, rss, fds in samples],
         }
         if unexpected := {code: count for code, count in codes.items() if code not in EXPECTED_CODES}:
             problems.append(f"{name}: unexpected status codes {unexpected}")
@@ -266,16 +352,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadgen.soak", description=__doc__.split("\n")[0])
     parser.add_argument("--duration-s", type=float, default=1800.0, help="load time (30 min)")
     parser.add_argument("--preset", default="", help="one preset for all three services (e.g. tiny)")
-    parser.add_argument("--asr", type=int, default=2, help="ASR streams (about 70 %% of its knee)")
-    parser.add_argument("--llm", type=int, default=4, help="LLM streams")
-    parser.add_argument("--tts", type=int, default=1, help="TTS streams")
-    parser.add_argument("--voice", type=int, default=1, help="voice turns")
+    parser.add_argument("--from-run", type=Path, default=None, help="a run folder whose knees set the levels")
+    for target, what in (("asr", "ASR streams"), ("llm", "LLM streams"), ("tts", "TTS streams"), ("voice", "turns")):
+        parser.add_argument(f"--{target}", type=int, default=None, help=f"{what} (default: ~70 %% of the knee)")
     parser.add_argument("--disrupt-every-s", type=float, default=10.0, help="a cancel and a disconnect this often")
     parser.add_argument("--max-rss-mb-per-h", type=float, default=50.0, help="bound on resident memory growth")
     parser.add_argument("--max-fd-growth", type=int, default=8, help="bound on open descriptors gained")
     parser.add_argument("--reports", type=Path, default=Path("reports"), help="folder the soak's folder goes in")
     report = run_soak(parser.parse_args(argv))
-    print(json.dumps(report, indent=1))
+    printed = json.loads(json.dumps(report))
+    for service in printed["services"].values():
+        del service["samples_s_rss_mib_fds"]  # kept in soak.json
+    print(json.dumps(printed, indent=1))
     print("soak: PASS" if not report["problems"] else "soak: FAIL\n  " + "\n  ".join(report["problems"]))
     return 0 if not report["problems"] else 1
 

@@ -27,6 +27,8 @@ from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_MESSAGE_BYTES = 64 << 20
+REST_OF_REQUEST_BYTES = 1 << 20  # request id, sampling (stop strings) and framing, beside a prompt at its limit
+FIELDS = {1: "request_id", 2: "prompt.text", 3: "prompt.chat", 4: "prompt.token_ids", 5: "sampling"}
 FINISH_REASONS = {
     "stop": llm_pb2.FINISH_REASON_STOP,
     "length": llm_pb2.FINISH_REASON_LENGTH,
@@ -77,6 +79,53 @@ def _check_bytes(field: str, text: str, used: int, limits: PromptLimits) -> int:
             "tokens can hold); shorten the prompt",
         )
     return size
+
+
+def _largest_field(raw: bytes) -> tuple[str, int]:
+    """The GenerateRequest field with the most bytes on the wire and their count, read from the length prefixes
+    alone (nothing is copied or decoded); ("request", len(raw)) when the bytes are not a well-formed message."""
+    position, largest = 0, ("request", 0)
+
+    def varint() -> int:
+        nonlocal position
+        value = shift = 0
+        while True:
+            byte = raw[position]
+            position += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value
+
+    try:
+        while position < len(raw):
+            key = varint()
+            wire_type, size = key & 7, {0: 0, 1: 8, 5: 4}.get(key & 7)
+            if wire_type == 0:
+                varint()
+            elif wire_type == 2:
+                size = varint()
+            elif size is None:
+                raise ValueError(wire_type)
+            position += size
+            if size > largest[1]:
+                largest = (FIELDS.get(key >> 3, f"field {key >> 3}"), size)
+    except (IndexError, ValueError):
+        return "request", len(raw)
+    return largest
+
+
+class OversizedRequest:
+    """A GenerateRequest larger than any legal one, left unparsed: parsing and decoding a 32 MB prompt held the
+    event loop ~10 ms (every stream's tokens wait meanwhile); Generate refuses it naming the limit."""
+
+    def __init__(self, raw: bytes, limits: PromptLimits):
+        field, size = _largest_field(raw)
+        self.reason = (
+            f"{field}: {size} bytes in a request of {len(raw)} bytes, more than a legal one holds: max_prompt_bytes "
+            f"{limits.max_prompt_bytes} (what max_model_len {limits.max_model_len} tokens can hold) + "
+            f"{REST_OF_REQUEST_BYTES >> 20} MiB for the rest; shorten {field}"
+        )
 
 
 def to_prompt(request: llm_pb2.GenerateRequest, limits: PromptLimits):
@@ -158,7 +207,26 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         self.prompt_limits = PromptLimits(0, 0, 0)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        llm_pb2_grpc.add_TextGeneratorServicer_to_server(self, server)
+        """The generated stubs' handlers, but Generate's requests pass `_parse_generate` (refused unparsed when
+        larger than a legal one)."""
+        handlers = {
+            "Generate": grpc.unary_stream_rpc_method_handler(
+                self.Generate, self._parse_generate, llm_pb2.GenerateResponse.SerializeToString
+            ),
+            "GetInfo": grpc.unary_unary_rpc_method_handler(
+                self.GetInfo, common_pb2.InfoRequest.FromString, common_pb2.InfoResponse.SerializeToString
+            ),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(self.service_names[0], handlers),))
+        server.add_registered_method_handlers(self.service_names[0], handlers)
+
+    def _parse_generate(self, raw: bytes) -> llm_pb2.GenerateRequest | OversizedRequest:
+        """gRPC calls this on the event loop with the request's bytes: one larger than any legal request is not
+        parsed (OversizedRequest); the rest are."""
+        limits = self.prompt_limits
+        if limits.max_prompt_bytes and len(raw) > limits.max_prompt_bytes + REST_OF_REQUEST_BYTES:
+            return OversizedRequest(raw, limits)
+        return llm_pb2.GenerateRequest.FromString(raw)
 
     async def start(self, ceilings: DeviceCeilings) -> None:
         # A remote engine's device is not this machine's: its ceilings stay unmeasured (the config skips the probe).
@@ -191,6 +259,8 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         await self.generator.stop()
 
     async def Generate(self, request: llm_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
+        if isinstance(request, OversizedRequest):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
         if not self.ready:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is still loading")
         try:

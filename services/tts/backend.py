@@ -10,13 +10,22 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
-from voiceagent.serving.errors import EngineUnavailable
+from voiceagent.serving.errors import EngineUnavailable, InvalidRequest
 from voiceagent.serving.info import ModelFacts
 
 
 class WorkerDiedError(EngineUnavailable):
     """The model process serving the request died: the caller gets UNAVAILABLE. The pool starts a new process
     in its place; the batched engine's service shuts down to be restarted (one model serves every request)."""
+
+
+class UnfitTextError(InvalidRequest):
+    """The model cannot hold a segment's text (services/tts/context.py): the caller gets INVALID_ARGUMENT.
+    The engine's message already names the field ("text: ...")."""
+
+    def __init__(self, message: str):
+        ValueError.__init__(self, message)
+        self.field = "text"
 
 
 @dataclasses.dataclass(frozen=True)

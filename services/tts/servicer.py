@@ -43,6 +43,12 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
     def add_to_server(self, server: grpc.aio.Server) -> None:
         tts_pb2_grpc.add_SpeechSynthesizerServicer_to_server(self, server)
 
+    @property
+    def failure(self) -> str:
+        """Why the engine is gone ("" while it runs): the runtime then exits non-zero after draining, so that a
+        restart policy restarts the service (the batched engine; the pool replaces a dead worker itself)."""
+        return getattr(self.backend, "failure", "")
+
     def message_limits(self) -> tuple[int, int]:
         """gRPC receive and send limits in bytes. Receive: 1 MiB plus 16 bytes per allowed character (4 times
         the longest legal text in UTF-8), so an oversized text still gets the INVALID_ARGUMENT naming
@@ -60,6 +66,12 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
     def _check_text_length(self, chars: int) -> None:
         if chars > self.config.max_text_chars:
             raise InvalidRequest("text", f"{chars} characters exceed max_text_chars {self.config.max_text_chars}")
+
+    def _check_fits(self, text: str, where: str = "text") -> None:
+        """The model can hold `text` as one segment (services/tts/context.py); checked before it waits for a slot."""
+        budget = getattr(self.backend, "context", None)
+        if budget is not None and (problem := budget.problem(text)):
+            raise InvalidRequest(where, problem)
 
     def _request(self, config: tts_pb2.SynthesisConfig, segments: AsyncIterator[str]) -> SynthesisRequest:
         if config.sample_rate_hz not in (0, *OUTPUT_SAMPLE_RATES_HZ):
@@ -100,6 +112,7 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
             self._check_text_length(len(request.text))  # first: the length alone, before touching the text
             if not request.text.strip():
                 raise InvalidRequest("text", "must not be empty")
+            self._check_fits(request.text)  # the whole text is one segment
             synthesis = self._request(request.config, whole_text())
         except InvalidRequest as exc:
             await abort(context, exc)
@@ -147,9 +160,11 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
                 if message.text.flush:
                     ready += splitter.flush()
                 for phrase in ready:
+                    self._check_fits(phrase, f"text (phrase {queued})")
                     phrases.put_nowait(phrase)
-                queued += len(ready)
+                    queued += 1
             for phrase in splitter.flush():
+                self._check_fits(phrase, f"text (phrase {queued})")
                 phrases.put_nowait(phrase)
                 queued += 1
             if not queued:

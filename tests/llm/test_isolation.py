@@ -59,8 +59,20 @@ def test_an_oversized_text_prompt_is_refused_at_once_naming_the_limit(stub, mega
         generate(stub, text="x" * (megabytes << 20))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"max_prompt_bytes {MAX_PROMPT_BYTES}" in error.value.details()
-    assert "prompt.text" in error.value.details()
+    # Refused unparsed (servicer.OversizedRequest): named from the wire's length prefixes, exact to the byte.
+    assert f"prompt.text: {megabytes << 20} bytes in a request of" in error.value.details()
     assert time.perf_counter() - started < 2.0  # sending 32 MB over loopback included
+
+
+def test_an_oversized_request_id_or_stop_string_is_refused_naming_the_field(stub):
+    for fields, named in [
+        ({"request_id": "r" * (2 << 20)}, "request_id"),
+        ({"sampling": {"stop": ["s" * (2 << 20)]}}, "sampling"),
+    ]:
+        with pytest.raises(grpc.RpcError) as error:
+            generate(stub, text="hi", **fields)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.value.details().startswith(f"{named}: ") and "max_prompt_bytes" in error.value.details()
 
 
 def test_chat_contents_count_together_and_token_ids_against_max_model_len(stub):
@@ -81,6 +93,16 @@ def test_a_prompt_under_the_byte_limit_but_too_many_tokens_is_refused_after_toke
         generate(stub, text="word " * (MAX_PROMPT_BYTES // 5 - 1))
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "exceeds the model's max length" in error.value.details()
+    # Counted on a prefix (~4 KB of its 64 KB): the rest is never tokenised (services/llm/backends/vllm.py _encode).
+    assert "counted in its first" in error.value.details()
+
+
+def test_a_long_prompt_that_fits_is_tokenised_whole_and_served(stub):
+    """Past the prefix's length but within max_model_len: counted in full, served (a single token is far more than
+    one character here: runs of 40 spaces and a letter, two tokens each)."""
+    text = ("x" + " " * 40) * 250  # 10,250 characters and 500 tokens: longer than the probe (2 x 8 x 508)
+    responses = generate(stub, text=text, sampling={"max_tokens": 4})
+    assert 0 < responses[-1].completion.usage.prompt_tokens <= MAX_MODEL_LEN - 4
 
 
 def send_hostile(address: str, kind: str, duration_s: float) -> int:

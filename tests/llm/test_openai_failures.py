@@ -86,13 +86,16 @@ def failure(stub, text: str, **fields) -> grpc.RpcError:
         (400, grpc.StatusCode.INVALID_ARGUMENT),
         (404, grpc.StatusCode.INVALID_ARGUMENT),
         (422, grpc.StatusCode.INVALID_ARGUMENT),
-        (401, grpc.StatusCode.INTERNAL),  # the service's own key was refused: not the caller's fault
+        # the service's own key was refused: not the caller's fault, retryable elsewhere (openai_compatible.py)
+        (401, grpc.StatusCode.UNAVAILABLE),
+        (403, grpc.StatusCode.UNAVAILABLE),
     ],
 )
 def test_http_errors_map_to_a_status_with_the_upstreams_message(remote, http_status, grpc_status):
     error = failure(remote.stub, f"status {http_status}")
     assert error.code() == grpc_status
     assert f"HTTP {http_status}: synthetic failure {http_status} for this request" in error.details()
+    assert ("this service's own API key" in error.details()) == (http_status in (401, 403))
 
 
 def test_http_errors_on_the_chat_endpoint_too(remote):

@@ -8,8 +8,15 @@ closes the HTTP response and its connection, which is how an OpenAI-compatible s
 
 Upstream failures end the call with a gRPC status (`status_for`, `transport_failure`): connection refused or
 reset, TLS refused, 5xx -> UNAVAILABLE; 429 -> RESOURCE_EXHAUSTED; other 4xx -> INVALID_ARGUMENT with the
-upstream's message (401/403: INTERNAL, the service's own key was refused); no connection within the connect
-timeout -> UNAVAILABLE; no bytes within the read timeout (first token included) -> DEADLINE_EXCEEDED.
+upstream's message; 401/403 -> UNAVAILABLE saying that the service's own key was refused (`http_failure`); no
+connection within the connect timeout -> UNAVAILABLE; no bytes within the read timeout (first token included)
+-> DEADLINE_EXCEEDED.
+
+Why 401/403 are UNAVAILABLE, not UNAUTHENTICATED / PERMISSION_DENIED: those two tell a caller that *its*
+credentials are missing or lack a permission, and a client acts on them by refreshing its own token or giving
+up. Here the caller's request was fine; the key this service sends upstream (upstream_api_key_file/_env) was
+refused: a deployment fault that the caller cannot fix, which another replica (with a good key) or a retry after
+the key is fixed can serve. INTERNAL would hide that; UNAVAILABLE with the reason is retryable and says so.
 
 What the upstream runs on is not known here: GetInfo carries the upstream's URL and model, and no weight
 bytes, model shape or device ceilings, so the load generator does not classify a remote engine's regime.
@@ -54,12 +61,23 @@ def status_for(http_status: int) -> str:
     if http_status == 429:
         return "RESOURCE_EXHAUSTED"  # the upstream sheds load, as our own admission limit does
     if http_status in (401, 403):
-        return "INTERNAL"  # the service's own credentials were refused: a deployment fault, not the caller's
+        return "UNAVAILABLE"  # the service's own credentials were refused: a deployment fault, not the caller's
     if http_status == 408:
         return "DEADLINE_EXCEEDED"
     if http_status >= 500:
         return "UNAVAILABLE"
     return "INVALID_ARGUMENT"  # the upstream refused the request itself; its message says why
+
+
+def http_failure(http_status: int, where: str, message: str) -> EngineFailure:
+    """An upstream HTTP error as the call's failure; 401/403 say whose credentials were refused."""
+    text = f"upstream {where}: HTTP {http_status}: {message}"
+    if http_status in (401, 403):
+        text += (
+            "; the upstream refused this service's own API key (upstream_api_key_file / upstream_api_key_env),"
+            " not the caller's credentials: a deployment fault, retry on another replica or once it is fixed"
+        )
+    return EngineFailure(status_for(http_status), text)
 
 
 def error_message(body: bytes) -> str:
@@ -195,10 +213,7 @@ class OpenAICompatibleGenerator:
         except httpx.TransportError as error:
             raise transport_failure(error, self.config) from None
         if response.status_code >= 400:
-            raise EngineFailure(
-                status_for(response.status_code),
-                f"upstream {self.base_url}/models: HTTP {response.status_code}: {error_message(response.content)}",
-            )
+            raise http_failure(response.status_code, f"{self.base_url}/models", error_message(response.content))
         try:
             cards = response.json().get("data") or []
         except (ValueError, AttributeError):  # not JSON, or not an object
@@ -250,10 +265,7 @@ class OpenAICompatibleGenerator:
             async with self.client.stream("POST", path, json=body) as response:
                 if response.status_code >= 400:
                     message = error_message(await response.aread())
-                    raise EngineFailure(
-                        status_for(response.status_code),
-                        f"upstream {self.base_url}/{path}: HTTP {response.status_code}: {message}",
-                    )
+                    raise http_failure(response.status_code, f"{self.base_url}/{path}", message)
                 async with contextlib.aclosing(server_sent_events(response)) as events:
                     async for event in events:
                         delta = stream.read(event, self.base_url)

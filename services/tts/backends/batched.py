@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import multiprocessing
@@ -22,7 +23,7 @@ import time
 from collections.abc import AsyncIterator
 
 from services.tts.audio import AudioFormatter
-from services.tts.backend import AudioPiece, SynthesisRequest, WorkerDiedError
+from services.tts.backend import AudioPiece, SynthesisRequest, UnfitTextError, WorkerDiedError
 from services.tts.backends.batched_engine import (
     EngineSpec,
     Failed,
@@ -37,8 +38,9 @@ from services.tts.backends.batched_engine import (
     Stepped,
     engine_main,
 )
-from services.tts.backends.voxcpm import WorkerSpec
+from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
 from services.tts.config import TtsConfig
+from services.tts.context import SegmentBudget
 from services.tts.metrics import tts_metrics
 from voiceagent.serving.channel import Channel
 from voiceagent.serving.errors import QueueFull
@@ -57,6 +59,7 @@ class BatchedBackend:
         self.metrics = tts_metrics()
         self.work = service_metrics("tts")
         self._facts: ModelFacts | None = None
+        self.context: SegmentBudget | None = None  # set at start, from the engine's tokenizer
         self._limits = {
             "max_batch": config.max_batch,
             "max_queue": config.max_queue,
@@ -101,6 +104,9 @@ class BatchedBackend:
             device=self.config.device,
             shape=ready["shape"] | {"max_batch": self.config.max_batch},
         )
+        positions = ready["shape"]["cache_positions"]
+        self.context = SegmentBudget(ready["tokenizer"], positions, f"cache_positions {positions}",
+                                     functools.partial(segment_max_len, model))  # fmt: skip
         self.metrics.workers.set(1)
 
     async def stop(self) -> None:
@@ -198,6 +204,8 @@ class BatchedBackend:
                     while not isinstance(message := await inbox.get(), SegmentDone):
                         if isinstance(message, Failed) and message.request_id == -1:  # the engine died
                             raise WorkerDiedError(message.message)
+                        if isinstance(message, Failed) and message.invalid:
+                            raise UnfitTextError(message.message)
                         if isinstance(message, Failed):
                             raise RuntimeError(f"TTS engine: {message.message}")
                         if message.waited_steps:

@@ -105,6 +105,7 @@ class SegmentDone:
 class Failed:
     request_id: int
     message: str
+    invalid: bool = False  # the request's own input (INVALID_ARGUMENT), not the engine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,7 +193,9 @@ class _Scheduler:
             tokens = self.engine.text_tokens(text)
             request.limit = self.engine.patch_limit(len(tokens), segment_max_len(self.spec.model, text))
             if request.limit < 1:
-                self.channel.send(Failed(request.join.request_id, "text: too long for the model's context"))
+                # The gRPC process refuses such text up front (services/tts/context.py); this is the backstop.
+                why = f"{len(tokens)} text tokens leave no room to speak in cache_positions {self.engine.max_length}"
+                self.channel.send(Failed(request.join.request_id, f"text: {why}", invalid=True))
                 request.left = True
                 continue
             request.patches, request.context = 0, len(tokens) + 1

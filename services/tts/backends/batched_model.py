@@ -29,8 +29,9 @@ from voxcpm.model.voxcpm2 import VoxCPM2Model
 from voxcpm.modules.audiovae.audio_vae_v2 import CausalConv1d, CausalTransposeConv1d
 from voxcpm.modules.minicpm4.model import MiniCPMModel, apply_rotary_pos_emb
 
+from services.tts.context import BADCASE_EXTRA, BADCASE_RATIO
+
 MIN_PATCHES = 2  # VoxCPM2's min_len: the stop head is not obeyed before patch 3
-BADCASE_RATIO = 6.0  # VoxCPM2 caps a generation at 6 patches per text token + 10
 
 
 def _lm_step(
@@ -168,7 +169,7 @@ class BatchedVoxCPM:
     def patch_limit(self, tokens: int, cap: int) -> int:
         """Patches a segment of `tokens` text tokens may take: VoxCPM2's own cap, `cap`, and the cache's room."""
         room = self.max_length - tokens - 1  # the prefix holds tokens + 1 positions; each patch but the last adds one
-        return max(0, min(int(tokens * BADCASE_RATIO + 10), cap, room))
+        return max(0, min(int(tokens * BADCASE_RATIO + BADCASE_EXTRA), cap, room))
 
     @torch.inference_mode()
     def prefill(self, slots: list[int], token_lists: list[list[int]]) -> None:

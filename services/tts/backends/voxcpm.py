@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import math
 import os
 import socket
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from services.tts.backend import AudioPiece, SynthesisRequest
 from services.tts.config import TtsConfig
+from services.tts.context import SegmentBudget
 from services.tts.metrics import tts_metrics
 from services.tts.pool import (
     Audio,
@@ -107,6 +109,8 @@ def ready_payload(model, spec: WorkerSpec, work) -> dict:
         "weight_bytes": sum(p.numel() * p.element_size() for p in parameters),
         "dtype": model.config.dtype,
         "sample_rate": model.sample_rate,
+        # the gRPC process counts a segment's tokens with it (services/tts/context.py)
+        "tokenizer": model.text_tokenizer.tokenizer.backend_tokenizer.to_str(),
         "shape": voxcpm_model.shape_facts(model.config, model.sample_rate, spec.timesteps, spec.cfg_value)
         | dict(zip(("flops_per_patch_at_context_0", "bytes_per_patch_at_context_0"), patch_work, strict=True))
         | {"vae_flops_per_patch": work.vae_flops},
@@ -208,6 +212,7 @@ class VoxCPMBackend:
         self.work = service_metrics("tts")
         self.pool = WorkerPool(worker_main, self.spec, config.workers, config.max_queue, tts_metrics())
         self._facts: ModelFacts | None = None
+        self.context: SegmentBudget | None = None  # set at start, from the worker's tokenizer
         self._limits = {
             "workers": config.workers,
             "max_queue": config.max_queue,
@@ -231,6 +236,9 @@ class VoxCPMBackend:
             device=self.config.device,
             shape=ready["shape"],
         )
+        positions = ready["shape"]["max_length"]
+        self.context = SegmentBudget(ready["tokenizer"], positions, f"the model's max_length {positions}",
+                                     functools.partial(segment_max_len, self.spec))  # fmt: skip
 
     async def stop(self) -> None:
         await self.pool.stop()

@@ -1,0 +1,122 @@
+"""The batched engine (the default backend) under the issue's reliability tests: hostile text never delays a
+small request, a client deadline frees the slot and stops the engine's work for it, and an engine process that
+dies fails its streams with UNAVAILABLE and takes the service down non-zero (one model serves every request, so
+the orchestrator restarts the service; the pool's replacement of a worker is tests/tts/test_reliability.py).
+
+The engine-death test ends the module's service, so it runs last.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import multiprocessing
+import os
+import signal
+import statistics
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from tests.harness import child_processes, running_service, venv_python
+from tests.tts.conftest import collect, sample, scrape, synthesize
+from tests.tts.test_reliability import MAX_TEXT_CHARS, MAX_TEXT_MESSAGES, send_hostile
+from voiceagent.v1 import tts_pb2, tts_pb2_grpc
+
+ARGS = ["--preset", "tiny", "--backend", "batched", "--max-batch", "4", "--max-queue", "4", "--probe-ceilings", "false"]
+ARGS += ["--max-text-chars", str(MAX_TEXT_CHARS), "--max-text-messages", str(MAX_TEXT_MESSAGES)]
+LONG_TEXT = "This request speaks for a long while so that it is still going when we act on it. " * 3
+
+
+@pytest.fixture(scope="module")
+def tts():
+    with running_service("services.tts", venv_python("tts"), ARGS) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def stub(tts):
+    with grpc.insecure_channel(tts.address) as channel:
+        yield tts_pb2_grpc.SpeechSynthesizerStub(channel)
+
+
+def gauge(tts, name: str) -> float:
+    return sample(scrape(tts.metrics_url), name)
+
+
+def wait_for(condition, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_hostile_text_does_not_delay_a_small_request(stub, tts):
+    for _ in range(2):
+        synthesize(stub, "Hi.", seed=1)  # warm
+    normal = [synthesize(stub, "Hi.", seed=1) for _ in range(10)]
+    p95 = statistics.quantiles([response.arrivals[0] for response in normal], n=20)[-1]
+    gaps = [b - a for response in normal for a, b in zip(response.arrivals, response.arrivals[1:], strict=False)]
+    engine_step = statistics.median(gaps)
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
+        running = [pool.submit(send_hostile, tts.address, kind, 5.0) for kind in ("huge", "many")]
+        time.sleep(1.5)  # the workers start and begin sending
+        during = [synthesize(stub, "Hi.", seed=1).arrivals[0] for _ in range(10)]
+        assert all(future.result() for future in running)
+    assert statistics.median(during) <= p95 + engine_step, (
+        f"first audio under hostile text: median {statistics.median(during) * 1000:.0f} ms, normal p95 "
+        f"{p95 * 1000:.0f} ms + one engine step {engine_step * 1000:.0f} ms"
+    )
+
+
+def test_a_deadline_frees_the_slot_and_stops_the_engine_for_it(stub, tts):
+    before = gauge(tts, "voiceagent_tts_patches_total")
+    with pytest.raises(grpc.RpcError) as error:
+        collect(stub.Synthesize(tts_pb2.SynthesizeRequest(text=LONG_TEXT), timeout=1.0))
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert wait_for(lambda: gauge(tts, "voiceagent_tts_busy_workers") == 0, 10), "the slot stayed taken"
+    made = gauge(tts, "voiceagent_tts_patches_total") - before
+    time.sleep(1.0)
+    assert gauge(tts, "voiceagent_tts_patches_total") - before == made, "patches were still made for no one"
+    assert made < 0.4 * len(LONG_TEXT), "the engine spoke the whole text for a client that was gone"
+    assert synthesize(stub, "Free again.", seed=2).chunks[-1].is_last
+
+
+def test_a_dead_engine_fails_open_streams_with_unavailable_and_the_service_exits_non_zero(stub, tts):
+    """Runs last: it ends the module's service."""
+    results: list = [None, None]
+
+    def run(index: int) -> None:
+        try:
+            results[index] = synthesize(stub, LONG_TEXT, seed=index)
+        except grpc.RpcError as error:
+            results[index] = error
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    assert wait_for(lambda: gauge(tts, "voiceagent_tts_busy_workers") == 2)
+    (engine,) = child_processes(tts.proc.pid, lambda command: b"spawn_main" in command)
+    os.kill(engine, signal.SIGKILL)
+    killed_at = time.monotonic()
+    for thread in threads:
+        thread.join(60)
+    for result in results:
+        assert isinstance(result, grpc.RpcError), "a stream finished although its engine died"
+        assert result.code() == grpc.StatusCode.UNAVAILABLE and "TTS engine process exited" in result.details()
+    seen_not_serving = False
+    while tts.proc.poll() is None and time.monotonic() - killed_at < 20:
+        with contextlib.suppress(grpc.RpcError):  # its port may be closing
+            seen_not_serving |= tts.health() == health_pb2.HealthCheckResponse.NOT_SERVING
+        time.sleep(0.05)
+    assert tts.proc.poll() is not None, "the service kept running without its engine"
+    assert tts.proc.returncode != 0, "exited 0: a restart policy of on-failure would not restart it"
+    assert time.monotonic() - killed_at < 15
+    assert seen_not_serving or "draining" in tts.output()
+    assert "exiting with status 1" in tts.output()
