@@ -21,8 +21,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.harness import child_processes, running_service, venv_python
-from tests.tts.conftest import collect, sample, scrape, synthesize
+from tests.harness import child_processes, running_service, sample_sum, scrape_samples, venv_python
+from tests.tts.conftest import collect, synthesize
 from tests.tts.test_reliability import MAX_TEXT_CHARS, MAX_TEXT_MESSAGES, send_hostile
 from voiceagent.v1 import tts_pb2, tts_pb2_grpc
 
@@ -44,7 +44,7 @@ def stub(tts):
 
 
 def gauge(tts, name: str) -> float:
-    return sample(scrape(tts.metrics_url), name)
+    return sample_sum(scrape_samples(tts.metrics_url), name)
 
 
 def wait_for(condition, timeout_s: float = 30.0) -> bool:

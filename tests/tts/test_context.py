@@ -12,8 +12,8 @@ import time
 import grpc
 import pytest
 
-from tests.harness import running_service, venv_python
-from tests.tts.conftest import collect, sample, scrape, synthesize
+from tests.harness import running_service, sample_sum, scrape_samples, venv_python
+from tests.tts.conftest import collect, synthesize
 from voiceagent.v1 import tts_pb2, tts_pb2_grpc
 
 CACHE_POSITIONS = 128
@@ -45,7 +45,7 @@ def refused(call) -> grpc.RpcError:
 
 
 def patches(service) -> float:
-    return sample(scrape(service.metrics_url), "voiceagent_tts_patches_total")
+    return sample_sum(scrape_samples(service.metrics_url), "voiceagent_tts_patches_total")
 
 
 def test_text_that_just_fits_is_spoken_whole_and_one_character_more_is_refused_naming_the_limit(stub, batched):
@@ -87,7 +87,10 @@ def test_unfit_text_is_refused_before_it_waits_for_a_slot(stub, batched):
 
     threading.Thread(target=drain, daemon=True).start()
     deadline = time.monotonic() + 30
-    while sample(scrape(batched.metrics_url), "voiceagent_tts_busy_workers") < 1 and time.monotonic() < deadline:
+    while (
+        time.monotonic() < deadline
+        and sample_sum(scrape_samples(batched.metrics_url), "voiceagent_tts_busy_workers") < 1
+    ):
         time.sleep(0.05)
     assert not done.is_set(), "the slot holder finished before the test acted: it proved nothing"
     started = time.perf_counter()
