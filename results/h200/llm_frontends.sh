@@ -39,10 +39,17 @@ bench() { # $1 preset, $2 front ends, $3 time limit (s)
 serve() { # $1 preset, $2 time limit (s): vllm serve --api-server-count 4 and vLLM's own load client
     local preset=$1 limit=$2 port=18000 log=$OUT/llm_frontends_vllm_serve_$preset.log
     local flags
-    flags=$(python3 -m services.llm.serve_args "$preset" | python3 -c 'import json, sys; print(" ".join(json.load(sys.stdin)))')
+    # serve_args describes the CPU default's engine: its explicit KV-cache size is dropped, so that on the GPU the
+    # cache is what --gpu-memory-utilization leaves, as for the service's engine in the benchmark (0.4 each).
+    flags=$(python3 -m services.llm.serve_args "$preset" | python3 -c 'import json, sys
+flags = json.load(sys.stdin)
+if "--kv-cache-memory-bytes" in flags:
+    at = flags.index("--kv-cache-memory-bytes")
+    del flags[at : at + 2]
+print(" ".join(flags))')
     # shellcheck disable=SC2086 # flags are words
     timeout -k 10 "$limit" python3 -m vllm.entrypoints.cli.main serve $flags --port $port --api-server-count 4 \
-        --max-num-seqs 256 --gpu-memory-utilization 0.8 >"$log" 2>&1 &
+        --max-num-seqs 256 --gpu-memory-utilization 0.4 >"$log" 2>&1 &
     local server=$!
     for _ in $(seq 300); do
         curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
