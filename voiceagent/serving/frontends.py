@@ -123,6 +123,8 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 
 class Supervisor:
+    """The pod's main process: holds the port and /metrics, starts the engine and the front ends, watches them."""
+
     def __init__(self, name: str, config: ServingConfig, count: int, launcher: EngineLauncher,
                  build: ServiceFactory, dtype: str):  # fmt: skip
         self.name, self.config, self.count = name, config, count
