@@ -5,4 +5,9 @@ from voiceagent.serving.server import run
 
 if __name__ == "__main__":
     config = load_config(LlmConfig, "LLM")
-    run(LlmService(config), config)
+    if config.frontends > 1:
+        from services.llm.backends.vllm_frontends import serve_frontends
+
+        serve_frontends(config)
+    else:
+        run(LlmService(config), config)

@@ -21,7 +21,7 @@ import time
 import grpc
 
 from services.llm.config import LlmConfig
-from voiceagent.serving.launcher import start_service, venv_python
+from voiceagent.serving.launcher import child_processes, start_service, venv_python
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 TOKEN_TS_TARGET = 0.97
@@ -133,10 +133,13 @@ async def service_request(stub, prompt: list[int], max_tokens: int, request_id: 
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (Linux /proc)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a process (Linux /proc), plus its gRPC front-end processes (`--frontends`)."""
+    total = 0.0
+    for each in (pid, *child_processes(pid, lambda command: command.startswith(b"llm-frontend-"))):
+        with open(f"/proc/{each}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 async def run_level(
@@ -191,6 +194,10 @@ def pair_spread(rounds: dict[tuple[str, int], list[LevelResult]], concurrency: i
     )
 
 
+def len_channels(args) -> int:
+    return args.channels or (max(args.concurrency) if args.frontends > 1 else 1)
+
+
 def print_table(args, info, rounds: dict[tuple[str, int], list[LevelResult]]) -> None:
     results = {key: merged(levels) for key, levels in rounds.items()}
     model = info.model
@@ -198,7 +205,8 @@ def print_table(args, info, rounds: dict[tuple[str, int], list[LevelResult]]) ->
     print(
         f"LLM benchmark: preset {model.preset} ({model.parameter_count / 1e6:.0f}M parameters, {model.dtype}, "
         f"{info.ceilings.device_name or 'cpu'}), prompt {args.prompt_tokens} tokens, {args.max_tokens} new "
-        f"tokens per request, greedy, {args.rounds} alternating rounds per level; "
+        f"tokens per request, greedy, {args.rounds} alternating rounds per level; service front ends "
+        f"{args.frontends}, client channels {len_channels(args)}, stream interval {args.stream_interval}; "
         f"load average {', '.join(f'{load:.1f}' for load in os.getloadavg())} on {os.cpu_count()} CPUs"
     )
     header = f"{'concurrency':>11}  {'path':<14} {'requests':>8} {'failed':>6} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11}"
@@ -230,6 +238,7 @@ async def benchmark(args) -> None:
     settings = ["--preset", args.preset, "--kv-cache-gib", str(args.kv_cache_gib), "--device", args.device]
     settings += ["--max-in-flight", str(args.max_in_flight)]
     settings += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+    settings += ["--frontends", str(args.frontends), "--stream-interval", str(args.stream_interval)]
     if args.enforce_eager:
         settings += ["--enforce-eager", "true"]
     config = LlmConfig(
@@ -239,6 +248,7 @@ async def benchmark(args) -> None:
         enforce_eager=args.enforce_eager,
         device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        stream_interval=args.stream_interval,
     )
     print(f"starting the service ({' '.join(settings)}) and the in-process engine ...", flush=True)
     service = start_service("services.llm", venv_python("llm"), settings)
@@ -251,36 +261,49 @@ async def benchmark(args) -> None:
             await asyncio.to_thread(service.wait_serving, 900)
         await generator.start()
         await asyncio.to_thread(service.wait_serving, 900)
-        async with grpc.aio.insecure_channel(service.address) as channel:
-            stub = llm_pb2_grpc.TextGeneratorStub(channel)
-            info = await stub.GetInfo(common_pb2.InfoRequest(), timeout=30)
+        # Several front ends share the port by connection: each channel its own connection (no shared subchannel),
+        # requests round-robin over the channels.
+        count = len_channels(args)
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        channels = [grpc.aio.insecure_channel(service.address, options=options) for _ in range(count)]
+        try:
+            stubs = [llm_pb2_grpc.TextGeneratorStub(channel) for channel in channels]
+            turn = iter(range(1 << 62))
+            for stub in stubs:  # connect every channel before the clock runs
+                info = await stub.GetInfo(common_pb2.InfoRequest(), timeout=30)
             paths = {
                 "engine-direct": lambda p, n, rid: engine_request(generator.engine, p, n, rid),
-                "grpc-service": lambda p, n, rid: service_request(stub, p, n, rid),
+                "grpc-service": lambda p, n, rid: service_request(stubs[next(turn) % count], p, n, rid),
             }
             rng = random.Random(0)
             vocab = generator.vocab_size
             for send in paths.values():  # warm both paths: first requests pay for lazy initialisation
                 for index in range(2):
                     await send(random_prompts(1, args.prompt_tokens, vocab, rng)[0], 4, f"warm-{index}")
-            rounds: dict[tuple[str, int], list[LevelResult]] = {}
-            for concurrency in args.concurrency:
-                requests = max(args.requests_per_worker * concurrency, args.min_requests)
-                for round_index in range(args.rounds):
-                    order = list(paths) if round_index % 2 == 0 else list(reversed(paths))
-                    for path in order:
-                        prompts = random_prompts(requests, args.prompt_tokens, vocab, rng)
-                        level = await run_level(
-                            paths[path], path, prompts, args.max_tokens, concurrency, service.proc.pid
-                        )
-                        rounds.setdefault((path, concurrency), []).append(level)
-                        print(
-                            f"  concurrency {concurrency:>2} round {round_index + 1} {path:<14} "
-                            f"{level.tokens_per_s:7.1f} tokens/s, TTFT p50 {level.ttft_ms(0.5):6.1f} ms, "
-                            f"load average {os.getloadavg()[0]:.1f}",
-                            flush=True,
-                        )
-            print_table(args, info, rounds)
+            for run in range(args.runs):  # each run a full measurement of its own, on the same two engines
+                if args.runs > 1:
+                    print(f"run {run + 1} of {args.runs}", flush=True)
+                rounds: dict[tuple[str, int], list[LevelResult]] = {}
+                for concurrency in args.concurrency:
+                    requests = max(args.requests_per_worker * concurrency, args.min_requests)
+                    for round_index in range(args.rounds):
+                        order = list(paths) if round_index % 2 == 0 else list(reversed(paths))
+                        for path in order:
+                            prompts = random_prompts(requests, args.prompt_tokens, vocab, rng)
+                            level = await run_level(
+                                paths[path], path, prompts, args.max_tokens, concurrency, service.proc.pid
+                            )
+                            rounds.setdefault((path, concurrency), []).append(level)
+                            print(
+                                f"  concurrency {concurrency:>2} round {round_index + 1} {path:<14} "
+                                f"{level.tokens_per_s:7.1f} tokens/s, TTFT p50 {level.ttft_ms(0.5):6.1f} ms, "
+                                f"load average {os.getloadavg()[0]:.1f}",
+                                flush=True,
+                            )
+                print_table(args, info, rounds)
+        finally:
+            for channel in channels:
+                await channel.close()
     finally:
         await generator.stop()
         service.terminate()
@@ -291,6 +314,7 @@ def main() -> None:
     parser.add_argument("--preset", default=os.environ.get("LLM_PRESET", "cpu"))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per level")
+    parser.add_argument("--runs", type=int, default=1, help="whole measurements, one table each (same engines)")
     parser.add_argument("--requests-per-worker", type=int, default=2)
     parser.add_argument("--min-requests", type=int, default=8, help="requests per round at least")
     parser.add_argument("--prompt-tokens", type=int, default=64)
@@ -302,6 +326,11 @@ def main() -> None:
     )
     parser.add_argument("--max-in-flight", type=int, default=64, help="service admission and vLLM batch limit")
     parser.add_argument("--enforce-eager", action="store_true", help="skip torch.compile in both engines")
+    parser.add_argument("--frontends", type=int, default=1, help="the service's gRPC front-end processes")
+    parser.add_argument(
+        "--channels", type=int, default=0, help="client channels (0: one per worker with --frontends > 1, else 1)"
+    )
+    parser.add_argument("--stream-interval", type=int, default=1, help="tokens per message (both paths' engines)")
     args = parser.parse_args()
     asyncio.run(benchmark(args))
 

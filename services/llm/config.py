@@ -89,6 +89,17 @@ class LlmConfig(ServingConfig):
         },
     )
 
+    frontends: int = dataclasses.field(
+        default=1,
+        metadata={"help": "gRPC front-end processes on one vLLM engine core, sharing the port (SO_REUSEPORT); "
+                  "1 = the server and the engine client in this process"},
+    )  # fmt: skip
+    stream_interval: int = dataclasses.field(
+        default=1,
+        metadata={"help": "send a stream's tokens every N tokens (vLLM's --stream-interval; the first token is never "
+                  "held); 1 = as each step makes them (deltas a busy stream could not write yet go out as one)"},
+    )  # fmt: skip
+
     upstream_url: str = dataclasses.field(
         default="", metadata={"help": "openai backend: the upstream's base URL, /v1 included (http://host:8000/v1)"}
     )
@@ -167,6 +178,9 @@ class LlmConfig(ServingConfig):
         require(self.backend in BACKENDS, "backend", f"must be one of {list(BACKENDS)}, got {self.backend!r}")
         require(self.max_in_flight >= 1, "max_in_flight", f"must be >= 1, got {self.max_in_flight}")
         require(self.max_prompt_bytes >= 0, "max_prompt_bytes", f"must be >= 0, got {self.max_prompt_bytes}")
+        require(1 <= self.frontends <= 64, "frontends", f"must be 1..64, got {self.frontends}")
+        require(self.frontends == 1 or not self.remote, "frontends", "several front ends need the vllm backend")
+        require(self.stream_interval >= 1, "stream_interval", f"must be >= 1, got {self.stream_interval}")
         if self.remote:
             self._validate_upstream()
             return

@@ -7,6 +7,8 @@ own `vllm:*` metrics are exported on the same endpoint (`export_engine_metrics`)
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from services.llm.backend import FINISH_REASONS
@@ -33,9 +35,19 @@ queue_time = Histogram(
     "Time a request waited in the engine's queue before its first scheduling",
     buckets=LATENCY_BUCKETS_S,
 )
-requests_running = Gauge("voiceagent_llm_requests_running", "Requests in the engine's running batch")
-requests_waiting = Gauge("voiceagent_llm_requests_waiting", "Requests queued in the engine, not yet scheduled")
-kv_cache_usage = Gauge("voiceagent_llm_kv_cache_usage_ratio", "Share of the KV cache blocks in use (0-1)")
+# The engine's own state, reported once per step to one of the front ends (vLLM sends a step's scheduler stats to
+# one client): with several front-end processes the pod shows the most recent report, not one series each.
+requests_running = Gauge(
+    "voiceagent_llm_requests_running", "Requests in the engine's running batch", multiprocess_mode="mostrecent"
+)
+requests_waiting = Gauge(
+    "voiceagent_llm_requests_waiting",
+    "Requests queued in the engine, not yet scheduled",
+    multiprocess_mode="mostrecent",
+)
+kv_cache_usage = Gauge(
+    "voiceagent_llm_kv_cache_usage_ratio", "Share of the KV cache blocks in use (0-1)", multiprocess_mode="mostrecent"
+)
 prompt_tokens = Counter("voiceagent_llm_prompt_tokens", "Prompt tokens of admitted requests")
 generated_tokens = Counter("voiceagent_llm_generated_tokens", "Tokens generated and streamed")
 cached_prompt_tokens = Counter("voiceagent_llm_cached_prompt_tokens", "Prompt tokens served from the prefix cache")
@@ -46,6 +58,7 @@ for _reason in FINISH_REASONS:
 
 def export_engine_metrics(engine_registry: CollectorRegistry) -> None:
     """Serve vLLM's `vllm:*` metrics on our endpoint. They already live in the default registry unless
-    vLLM runs with PROMETHEUS_MULTIPROC_DIR, in which case its registry is added as one collector."""
-    if engine_registry is not REGISTRY:
+    vLLM runs with PROMETHEUS_MULTIPROC_DIR, in which case its registry is added as one collector; but not in a
+    front end of several (voiceagent/serving/frontends.py), whose supervisor serves every process's files."""
+    if engine_registry is not REGISTRY and not os.environ.get("VOICEAGENT_FRONTEND"):
         REGISTRY.register(engine_registry)

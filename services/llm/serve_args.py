@@ -25,6 +25,8 @@ def serve_args(config: LlmConfig) -> list[str]:
             value = value[0] if value else None
         if value not in (None, ""):
             flags += [f"--{name.replace('_', '-')}", str(value)]
+    if args.get("stream_interval", 1) > 1:  # only when set: older `vllm serve` lacks the flag
+        flags += ["--stream-interval", str(args["stream_interval"])]
     if args.get("enforce_eager"):
         flags.append("--enforce-eager")
     return flags

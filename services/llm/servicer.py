@@ -247,6 +247,12 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         """Why the engine is gone ("" while it runs): the runtime then exits non-zero after draining."""
         return getattr(self.generator, "failure", "")
 
+    def engine_lost(self, why: str) -> None:
+        """A supervisor saw the engine die (several front ends share it): fail open streams, then exit."""
+        lost = getattr(self.generator, "engine_lost", None)
+        if lost is not None:
+            lost(why)
+
     def message_limits(self) -> tuple[int, int]:
         """gRPC receive and send limits in bytes. Receive: 64 MiB, far above any prompt that fits, so an
         oversized prompt still reaches the check that names max_prompt_bytes (decided on its length, before any
@@ -295,6 +301,8 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         limits = {
             "max_in_flight": self.config.max_in_flight,
             "max_prompt_bytes": self.prompt_limits.max_prompt_bytes,
+            "frontends": self.config.frontends,
+            "stream_interval": self.config.stream_interval,
             **self.generator.limits(),
         }
         return info_response(self.name, self.generator.facts(), self.ceilings, limits)

@@ -47,16 +47,21 @@ class ServiceMetrics:
             ["method", "code"],
             buckets=LATENCY_BUCKETS_S,
         )
-        self.rpc_in_flight = Gauge(f"{prefix}_rpc_in_flight", "RPCs in progress, by method", ["method"])
+        # multiprocess_mode: how a pod of several front-end processes (frontends.py) adds up; unused otherwise.
+        self.rpc_in_flight = Gauge(
+            f"{prefix}_rpc_in_flight", "RPCs in progress, by method", ["method"], multiprocess_mode="livesum"
+        )
         self.memory_bandwidth = Gauge(
             f"{prefix}_device_memory_bandwidth_bytes_per_second",
             "Measured read bandwidth of the serving device",
             ["device"],
+            multiprocess_mode="max",
         )
         self.peak_flops = Gauge(
             f"{prefix}_device_peak_flops_per_second",
             "Measured dense matmul peak of the serving device in the serving dtype",
             ["device", "dtype"],
+            multiprocess_mode="max",
         )
         self.model_flops = Counter(f"{prefix}_model_flops", "FLOPs the engine's steps must do (model-derived)")
         self.model_read_bytes = Counter(

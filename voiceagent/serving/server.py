@@ -53,7 +53,8 @@ class Service(Protocol):
 class Server:
     """One service's gRPC server, health, reflection and metrics endpoint."""
 
-    def __init__(self, service: Service, config: ServingConfig):
+    def __init__(self, service: Service, config: ServingConfig, reuse_port: bool = False, interceptors: tuple = ()):
+        """`reuse_port` and `interceptors`: for a front end that shares its port with others (frontends.py)."""
         self.service = service
         self.config = config
         self.metrics = service_metrics(service.name)
@@ -63,13 +64,13 @@ class Server:
         options = [
             ("grpc.max_receive_message_length", self.max_receive_bytes),
             ("grpc.max_send_message_length", self.max_send_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
         ]
         if config.max_connection_age_s:
             # GOAWAY at this age (in-flight calls still finish): a round_robin client re-resolves DNS on it, which is
             # how it learns of replicas added since it connected (grpc does not re-resolve while connections live).
             options.append(("grpc.max_connection_age_ms", round(config.max_connection_age_s * 1000)))
-        self.grpc = grpc.aio.server(interceptors=[RpcMetricsInterceptor(self.metrics)], options=options)
+        self.grpc = grpc.aio.server(interceptors=[RpcMetricsInterceptor(self.metrics), *interceptors], options=options)
         service.add_to_server(self.grpc)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
@@ -92,15 +93,29 @@ class Server:
             await self.health.set(name, status)
 
     async def start(self) -> None:
+        await self.listen()
+        await self.load()
+        await self.serve()
+
+    async def listen(self, metrics_endpoint: bool = True) -> None:
+        """Take RPCs (health NOT_SERVING) and, unless a supervisor serves them, metrics."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.grpc.start()
+        if not metrics_endpoint:
+            return
         self._metrics_server, self.metrics_port = start_metrics_endpoint(self.config.host, self.config.metrics_port)
         print(
             f"{self.service.name}: gRPC listening on {self.config.host}:{self.port}, "
             f"metrics on http://{self.config.host}:{self.metrics_port}/metrics ({self.transport})",
             flush=True,
         )
-        if self.config.probe_ceilings:
+
+    async def load(self, ceilings: DeviceCeilings | None = None) -> None:
+        """Measure the device ceilings (unless given: a supervisor measured them) and start the engine."""
+        if ceilings is not None:
+            self.ceilings = ceilings
+            self.metrics.set_ceilings(ceilings)
+        elif self.config.probe_ceilings:
             self.ceilings = await asyncio.to_thread(measure_ceilings, self.config.device, self.service.dtype)
             self.metrics.set_ceilings(self.ceilings)
             log.info(
@@ -119,8 +134,14 @@ class Server:
         # took half of the ASR event loop's time at a few hundred streams). Freezing takes what start-up made
         # out of the collector's sight; what requests allocate afterwards is still collected.
         gc.freeze()
+
+    async def serve(self) -> None:
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         print(f"{self.service.name}: SERVING", flush=True)
+
+    async def not_serving(self) -> None:
+        """Health NOT_SERVING while RPCs are still taken (a sibling front end died and the pod drains)."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def stop(self, grace_s: float | None = None) -> None:
         grace_s = self.config.grace_s if grace_s is None else grace_s

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import gc
 import hashlib
 import logging
@@ -95,6 +97,11 @@ def stage_model_dir(config: LlmConfig) -> str:
 def engine_args(config: LlmConfig, model_dir: str) -> AsyncEngineArgs:
     """vLLM's settings for `config`: synthetic weights for presets, real ones for a checkpoint."""
     on_cpu = config.device == "cpu"
+    extra = {}
+    if config.stream_interval > 1:
+        if "stream_interval" not in {field.name for field in dataclasses.fields(AsyncEngineArgs)}:
+            raise ValueError(f"stream_interval needs a vLLM with --stream-interval; this is {vllm.__version__}")
+        extra["stream_interval"] = config.stream_interval
     return AsyncEngineArgs(
         model=model_dir,
         served_model_name=[config.model or config.preset],
@@ -108,6 +115,7 @@ def engine_args(config: LlmConfig, model_dir: str) -> AsyncEngineArgs:
         # On CPU the KV cache is sized explicitly; on GPUs it is what gpu_memory_utilization leaves.
         kv_cache_memory_bytes=int(config.kv_cache_gib * GIB) if on_cpu else None,
         disable_log_stats=False,  # fills vllm:* metrics and calls our per-step logger
+        **extra,
     )
 
 
@@ -166,7 +174,9 @@ class EngineStepLogger(StatLoggerBase):
             metrics.requests_running.set(scheduler_stats.num_running_reqs)
             metrics.requests_waiting.set(scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs)
             metrics.kv_cache_usage.set(scheduler_stats.kv_cache_usage)
-        if iteration_stats is not None:  # a step that produced tokens (idle updates carry none)
+        # A step that produced tokens (idle updates carry no iteration stats). With several front ends on one engine
+        # each gets iteration stats for its own requests, but a step's scheduler stats go to one of them only.
+        if iteration_stats is not None and scheduler_stats is not None:
             # Weights are read once per step whatever the batch; per-request terms arrive with the tokens.
             self.work.record_work(0.0, self.step_weight_bytes, 1)
             for finished in iteration_stats.finished_requests:
@@ -179,8 +189,10 @@ class EngineStepLogger(StatLoggerBase):
 class VllmGenerator:
     """A TextGenerator on vLLM's AsyncLLM."""
 
-    def __init__(self, config: LlmConfig):
+    def __init__(self, config: LlmConfig, attachment=None):
+        """`attachment`: one of several front ends on an engine core launched elsewhere (vllm_frontends.py)."""
         self.config = config
+        self.attachment = attachment
         self.engine: AsyncLLM | None = None
         self._building: asyncio.Future | None = None
         self.shape: ModelShape | None = None
@@ -195,17 +207,21 @@ class VllmGenerator:
     async def start(self) -> None:
         # Building the engine blocks for tens of seconds (it spawns and warms the engine core); a thread keeps
         # the event loop answering health checks meanwhile.
-        self._building = asyncio.ensure_future(
-            asyncio.to_thread(
+        if self.attachment is not None:
+            from services.llm.backends.vllm_frontends import attach
+
+            build = functools.partial(attach, self.config, self.attachment, EngineStepLogger)
+        else:
+            build = functools.partial(
                 AsyncLLM.from_engine_args,
                 engine_args(self.config, stage_model_dir(self.config)),
                 stat_loggers=[EngineStepLogger],
             )
-        )
+        self._building = asyncio.ensure_future(asyncio.to_thread(build))
         # Shielded: a SIGTERM during start-up cancels start(), but the engine still gets built and then
         # shut down by stop(), rather than left running as an orphaned engine-core process.
         self.engine = await asyncio.shield(self._building)
-        if self.config.device == "cpu" and self.config.cpu_engine_core_nice:
+        if self.config.device == "cpu" and self.config.cpu_engine_core_nice and self.attachment is None:
             yield_to_front_end(self.config.cpu_engine_core_nice)
         metrics.export_engine_metrics(get_prometheus_registry())
         model_config = self.engine.vllm_config.model_config
@@ -224,6 +240,14 @@ class VllmGenerator:
         if self.engine is not None:
             self._engine_died("the engine core stopped")
 
+    def engine_lost(self, why: str) -> None:
+        """The engine core is gone and this process is not its parent (several front ends): vLLM's client does not
+        watch a process it did not start, so open streams are failed here (they end UNAVAILABLE)."""
+        if self.engine is not None:
+            with contextlib.suppress(Exception):
+                self.engine.output_processor.propagate_error(EngineDeadError())
+        self._engine_died(why)
+
     def _engine_died(self, why: str) -> None:
         """Fail this process so that its orchestrator starts a fresh one: the runtime drains (health turns
         NOT_SERVING) and exits non-zero because `failure` is set."""
@@ -236,7 +260,7 @@ class VllmGenerator:
     async def _warm_up(self) -> None:
         """One short request, so the first real one does not pay for lazy initialisation."""
         params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
-        async for _ in self.engine.generate(engine_input(self.engine, [0, 1, 2, 3]), params, "warm-up"):
+        async for _ in self.engine.generate(engine_input(self.engine, [0, 1, 2, 3]), params, f"warm-up-{os.getpid()}"):
             pass
 
     async def stop(self) -> None:

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Issue 18 on the lent H200: several gRPC front ends per vLLM engine core (`--frontends`), against engine-direct
+# and against `vllm serve --api-server-count 4`. WRITTEN, NOT RUN YET (the session that wrote it had no device
+# time). Same vLLM 0.26 bundle and set-up as results/h200/llm.sh: run its `unpack` calls first (back to back),
+# then, from the repo root on the device, one stage per call (each under its own `timeout`, output in $OUT):
+#   bash results/h200/llm_frontends.sh STAGE...
+#     bench-0.6b-fe1  bench-0.6b-fe4  bench-8b-fe1  bench-8b-fe4
+#         services/llm/benchmark.py (engine-direct vs the service, alternating rounds) at C = 1 16 64 256,
+#         with the service's --frontends 1 or 4 (one client channel per worker, so connections spread)
+#     serve-0.6b  serve-8b
+#         `vllm serve --api-server-count 4` on the same preset and engine settings (services/llm/serve_args.py),
+#         measured by vLLM's own client (`vllm bench serve`, random prompts of 64 tokens, 128 new, ignore_eos)
+#         at max concurrency 1 16 64 256: its TTFT and output tokens/s, beside the service's
+# Targets (issue 18): service >= 97 % of engine-direct tokens/s at every concurrency, TTFT p50 added <= 5 ms at 256.
+set -u
+OUT=${OUT:-/tmp/h200-out}
+ROOT=${VLLM_H200_ROOT:-/tmp}
+SITE=$ROOT/site
+HERE=results/h200
+mkdir -p "$OUT"
+
+setup() {
+    [ -f "$SITE/.vllm026-complete" ] || { echo "$SITE is not complete: run results/h200/llm.sh unpack first"; return 1; }
+    export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
+        TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
+    # The benchmark starts the service with .venv/llm/bin/python: the image's python, as in llm.sh.
+    mkdir -p .venv/llm/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >.venv/llm/bin/python
+    chmod +x .venv/llm/bin/python
+}
+
+bench() { # $1 preset, $2 front ends, $3 time limit (s)
+    local preset=$1 frontends=$2 limit=$3
+    timeout -k 10 "$limit" python3 -m services.llm.benchmark --preset "$preset" --device cuda \
+        --gpu-memory-utilization 0.4 --max-in-flight 256 --concurrency 1 16 64 256 --rounds 2 \
+        --prompt-tokens 64 --max-tokens 128 --frontends "$frontends" 2>&1 |
+        tee "$OUT/llm_frontends_bench_${preset}_fe$frontends.txt"
+}
+
+serve() { # $1 preset, $2 time limit (s): vllm serve --api-server-count 4 and vLLM's own load client
+    local preset=$1 limit=$2 port=18000 log=$OUT/llm_frontends_vllm_serve_$preset.log
+    local flags
+    # serve_args describes the CPU default's engine: its explicit KV-cache size is dropped, so that on the GPU the
+    # cache is what --gpu-memory-utilization leaves, as for the service's engine in the benchmark (0.4 each).
+    flags=$(python3 -m services.llm.serve_args "$preset" | python3 -c 'import json, sys
+flags = json.load(sys.stdin)
+if "--kv-cache-memory-bytes" in flags:
+    at = flags.index("--kv-cache-memory-bytes")
+    del flags[at : at + 2]
+print(" ".join(flags))')
+    # shellcheck disable=SC2086 # flags are words
+    timeout -k 10 "$limit" python3 -m vllm.entrypoints.cli.main serve $flags --port $port --api-server-count 4 \
+        --max-num-seqs 256 --gpu-memory-utilization 0.4 >"$log" 2>&1 &
+    local server=$!
+    for _ in $(seq 300); do
+        curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
+        kill -0 $server 2>/dev/null || { echo "vllm serve exited; tail of $log:"; tail -30 "$log"; return 1; }
+        sleep 1
+    done
+    local model
+    model=$(echo "$flags" | sed -n 's/.*--served-model-name \([^ ]*\).*/\1/p')
+    local tokenizer
+    tokenizer=$(echo "$flags" | sed -n 's/.*--tokenizer \([^ ]*\).*/\1/p')
+    for concurrency in 1 16 64 256; do
+        echo "== vllm serve --api-server-count 4, $preset, max concurrency $concurrency"
+        timeout -k 5 120 python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
+            --base-url "http://127.0.0.1:$port" --model "$model" --tokenizer "$tokenizer" \
+            --dataset-name random --random-input-len 64 --random-output-len 128 --ignore-eos \
+            --max-concurrency "$concurrency" --num-prompts $((concurrency * 4 > 64 ? concurrency * 4 : 64)) \
+            --percentile-metrics ttft,itl,e2el --metric-percentiles 50,99
+    done 2>&1 | tee "$OUT/llm_frontends_vllm_serve_$preset.txt"
+    kill $server 2>/dev/null
+    wait $server 2>/dev/null
+}
+
+setup || exit 1
+date -u | tee "$OUT/llm_frontends_env.txt"
+for stage in "$@"; do
+    echo "== $stage $(date -u +%T)"
+    case $stage in
+    bench-0.6b-fe1) bench qwen3-0.6b 1 480 ;;
+    bench-0.6b-fe4) bench qwen3-0.6b 4 480 ;;
+    bench-8b-fe1) bench qwen3-8b 1 540 ;;
+    bench-8b-fe4) bench qwen3-8b 4 540 ;;
+    serve-0.6b) serve qwen3-0.6b 540 ;;
+    serve-8b) serve qwen3-8b 540 ;;
+    *) echo "unknown stage $stage" ;;
+    esac
+done
+date -u
