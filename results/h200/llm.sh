@@ -15,6 +15,7 @@ set -u
 OUT=${OUT:-/tmp/h200-out}
 ROOT=${VLLM_H200_ROOT:-/tmp} # where the parts are kept and site/ is extracted (set only to try this elsewhere)
 PARTS=$ROOT/vllm-parts
+CARRIED=${VLLM_PARTS_DIR:-.vllm_h200} # where the carried parts are, relative to the repo root
 SITE=$ROOT/site
 HERE=results/h200
 mkdir -p "$OUT" "$PARTS"
@@ -22,8 +23,8 @@ mkdir -p "$OUT" "$PARTS"
 unpack() { # $1 = part number
     local name
     name=$(printf 'vllm026.tar.xz.%02d' "$1")
-    [ -f ".vllm_h200/$name" ] || { echo "part $1 not carried (.vllm_h200/$name)"; return 1; }
-    cp ".vllm_h200/$name" "$PARTS/" || return 1
+    [ -f "$CARRIED/$name" ] || { echo "part $1 not carried ($CARRIED/$name)"; return 1; }
+    cp "$CARRIED/$name" "$PARTS/" || return 1
     (cd "$PARTS" && grep " $name\$" "$OLDPWD/$HERE/vllm026.sha256" | sha256sum -c -) || return 1
     local expected have
     expected=$(grep -c 'vllm026.tar.xz.[0-9]' "$HERE/vllm026.sha256")
@@ -130,7 +131,10 @@ pack() ( # here, not on the device: $1 = vllm-0.26.0 wheel, $2 = output folder (
     cd "$OLDPWD"
     tar -C "$stage" -cf - site | xz -9 -T2 --block-size=32MiB >"$stage/all.tar.xz"
     mkdir -p "$dest" && rm -f "$dest"/vllm026.tar.xz.*
-    split -n 2 -d -a 2 "$stage/all.tar.xz" "$dest/vllm026.tar.xz."
+    # PART_MIB: parts of that size (the last one smaller), so that a call can carry other things beside a part;
+    # default: two equal halves
+    if [ -n "${PART_MIB:-}" ]; then split -b "${PART_MIB}M" -d -a 2 "$stage/all.tar.xz" "$dest/vllm026.tar.xz."
+    else split -n 2 -d -a 2 "$stage/all.tar.xz" "$dest/vllm026.tar.xz."; fi
     (cd "$dest" && sha256sum vllm026.tar.xz.*) >"$HERE/vllm026.sha256"
     ls -l "$dest"
 )
