@@ -11,6 +11,8 @@
 #                                            bench-0.6b 360 s, bench-8b 420 s, others 270 s), output in $OUT
 # Parts and checksums: results/h200/vllm026.sha256 (the parts themselves are git-ignored, in .vllm_h200/), made
 # here by `bash results/h200/llm.sh pack vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl` (pip download works here).
+# The committed checksums are of `PART_MIB=50 ... pack` (parts of 50 + 39 MiB, 2026-12-03, the main job's run;
+# results/h200/main_job.sh); VLLM_PARTS_DIR names where the carried parts are (default .vllm_h200).
 set -u
 OUT=${OUT:-/tmp/h200-out}
 ROOT=${VLLM_H200_ROOT:-/tmp} # where the parts are kept and site/ is extracted (set only to try this elsewhere)
