@@ -4,6 +4,8 @@ PYTHON ?= python3.11
 VENV := .venv
 DEV := $(VENV)/dev/bin/python
 SERVICES := asr llm tts
+# cuda: the engines' CUDA builds (make setup) and the GPU presets and sweeps (make run)
+DEVICE ?= cpu
 
 .DEFAULT_GOAL := help
 .PHONY: soak plan help setup protos run serve sweep test lint serve-asr serve-llm serve-tts clean bench-llm bench-asr bench-tts
@@ -11,8 +13,8 @@ SERVICES := asr llm tts
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: ## build the four virtualenvs (dev + one per service) and generate protos; a second run does nothing
-	@PYTHON=$(PYTHON) tools/setup.sh $(SERVICES)
+setup: ## build the four virtualenvs (dev + one per service) and generate protos; a second run does nothing (DEVICE=cuda: CUDA builds)
+	@PYTHON=$(PYTHON) DEVICE=$(DEVICE) tools/setup.sh $(SERVICES)
 	@tools/install_deploy_tools.sh
 	@$(MAKE) --no-print-directory protos
 
@@ -27,8 +29,8 @@ voiceagent/v1/.generated: $(wildcard protos/voiceagent/v1/*.proto) | $(VENV)/dev
 	@touch $@
 	@echo "protos: generated $$(ls voiceagent/v1/*_pb2*.py | wc -l) modules in voiceagent/v1/"
 
-run: setup ## the main job: start the services, sweep each and a voice turn, compare with vllm serve, report
-	@$(DEV) -m loadgen run
+run: setup ## the main job: start the services, sweep each and a voice turn, compare with vllm serve, report (DEVICE=cuda: on a GPU)
+	@$(DEV) -m loadgen run$(if $(filter cuda,$(DEVICE)), --device cuda)
 
 serve: setup ## start the three services on their CPU presets and default ports (Ctrl-C stops them)
 	@tools/run_services.sh

@@ -4,6 +4,8 @@
     python -m loadgen sweep --target asr --concurrency 1,4,16 --requests 40 --workers 2
     python -m loadgen run            # `make run`: start the services, sweep everything, report, stop them
     python -m loadgen plan reports/<run> --sessions 100   # replicas per service, from measured sweeps
+    python -m loadgen run --device cuda --only llm --folder DIR   # one part of a run; then:
+    python -m loadgen combine --into RUN DIR...                   # the parts joined into one report
 
 `--workers N` runs Locust's master in the sweep process and N worker processes beside it (one Python process
 makes about one core of load); `worker` is how the sweep starts them, with the workload in LOADGEN_WORKLOAD.
@@ -35,6 +37,15 @@ def _presets(text: str) -> dict[str, str]:
     if not presets or set(presets) - {"asr", "llm", "tts"} or text.count("=") != len(presets):
         raise argparse.ArgumentTypeError(f"--presets {text!r}: expected SERVICE=PRESET,... with asr, llm or tts")
     return presets
+
+
+def _stages(text: str) -> list[str]:
+    from loadgen.main_job import STAGES
+
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    if not chosen or set(chosen) - set(STAGES):
+        raise argparse.ArgumentTypeError(f"--only {text!r}: expected some of {','.join(STAGES)}")
+    return chosen
 
 
 def _lengths(text: str) -> Lengths:
@@ -99,6 +110,23 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--no-peer", dest="peer", action="store_false", help="skip the side-by-side vllm serve run")
     run.add_argument("--preset", default="", help="one preset for all three services (e.g. tiny); default: each's own")
     run.add_argument("--presets", type=_presets, default={}, help="some services' presets, e.g. asr=fastconformer-100m")
+    run.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the GPU presets and sweeps (loadgen/run_plans.py); `make run DEVICE=cuda`",
+    )
+    run.add_argument(
+        "--only",
+        type=_stages,
+        default=None,
+        help="some stages of the run (asr,llm,tts,voice,peer): a run in parts, joined by `combine`",
+    )
+    run.add_argument("--folder", type=Path, default=None, help="write the run here (default: reports/<time>-run)")
+
+    combine = commands.add_parser("combine", help="join the folders of a run made in parts into one report")
+    combine.add_argument("parts", type=Path, nargs="+", help="the parts' folders (`run --only ... --folder DIR`)")
+    combine.add_argument("--into", type=Path, required=True, help="the combined run's folder (created)")
 
     compare = commands.add_parser("compare", help="a running LLM service side by side with `vllm serve`")
     compare.add_argument("--rounds", type=int, default=3, help="interleaved rounds (ours, peer, ...) per level")
@@ -157,13 +185,18 @@ def main(argv: list[str] | None = None) -> int:
         return plan_command(args)
     if args.command == "compare":
         return compare_command(args)
+    if args.command == "combine":
+        from loadgen.combine import combine_parts
+
+        return combine_parts(args.parts, args.into)
     if args.command == "worker":
         from loadgen.worker import run_worker
 
         return run_worker(args.target, args.master_host, args.master_port, workload_from(args))
     from loadgen.main_job import run_session
 
-    return run_session(args.reports, quick=args.quick, peer=args.peer, preset=args.preset, presets=args.presets)
+    return run_session(args.reports, quick=args.quick, peer=args.peer, preset=args.preset, presets=args.presets,
+                       device=args.device, only=args.only, folder=args.folder)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ reports/<time>-run/
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
@@ -20,37 +21,16 @@ from loadgen.levels import PRIMARY_LATENCY
 from loadgen.peer import side_by_side
 from loadgen.processes import ServiceProcess, service_process
 from loadgen.report import run_folder, write_html, write_report
-from loadgen.sweep import SweepPlan, run_sweep
-from loadgen.workload import Endpoints, Lengths, Workload
+from loadgen.run_plans import PRESETS, SERVICE_ARGS, TARGETS, chosen_plans, service_args, services_for
+from loadgen.run_plans import workload as run_workload
+from loadgen.sweep import run_sweep
+from loadgen.workload import Endpoints
 
 SERVICES = ("asr", "llm", "tts")
 SERVING_TIMEOUT_S = 600
 PLAN_SESSIONS = 100  # the capacity plan at the end of the report: replicas for this many voice sessions
-# The main job's presets on a CPU ("" = the service's default). ASR runs the 14M FastConformer: the 100M default
-# keeps no stream real time on 2 cores, so its sweep would show nothing but queueing (`--presets
-# asr=fastconformer-100m` selects it).
-RUN_PRESETS = {"asr": "fastconformer-small", "llm": "", "tts": ""}
-
-
-def plans(quick: bool) -> list[SweepPlan]:
-    """The sweeps of a run, sized for a 2-core machine: the whole job stays under 15 minutes."""
-    if quick:
-        return [SweepPlan(target, [1, 2], duration_s=4.0, warmup_s=1.0) for target in ("asr", "llm", "tts", "voice")]
-    # Each sweep reaches past its knee: the LLM to C=64, past the CPU's decode crossover (batch ≈ ridge ≈ 10-30);
-    # ASR until streams fall behind real time; TTS past the batch its engine can share a step with.
-    return [
-        SweepPlan("asr", [1, 2, 4, 8, 16, 32], duration_s=10.0, warmup_s=3.0),
-        SweepPlan("llm", [1, 2, 4, 8, 16, 32, 64], duration_s=8.0, warmup_s=2.0),
-        SweepPlan("tts", [1, 2, 4, 8, 16], duration_s=12.0, warmup_s=2.0),
-        SweepPlan("voice", [1, 2, 4], duration_s=15.0, warmup_s=3.0),
-    ]
-
-
-def _workload(quick: bool) -> Workload:
-    if quick:  # short requests so a smoke run's levels each hold a few
-        return Workload(utterance_s=Lengths("2"), output_tokens=Lengths("16"), prompt_tokens=Lengths("32"),
-                        text_words=Lengths("4-8"), reply_tokens=Lengths("12"))  # fmt: skip
-    return Workload()
+RUN_PRESETS = PRESETS["cpu"]  # the CPU run's presets (loadgen/run_plans.py holds both devices')
+STAGES = (*TARGETS, "peer")  # what `--only` may pick: the sweeps and the side by side
 
 
 class Stages:
@@ -73,7 +53,9 @@ class Stages:
             self._current = None
 
 
-def start_services(folder: Path, presets: dict[str, str], services: dict[str, ServiceProcess]) -> None:
+def start_services(
+    folder: Path, presets: dict[str, str], services: dict[str, ServiceProcess], device: str = "cpu"
+) -> None:
     """Start the services one at a time, each SERVING before the next starts, into `services` (so the caller
     stops whatever started, also when one fails).
 
@@ -81,44 +63,59 @@ def start_services(folder: Path, presets: dict[str, str], services: dict[str, Se
     loaded their engines, and came out up to 2.8× too low (every utilisation and verdict inflated with it).
     One at a time, each probe has the machine to itself; the services already up are idle."""
     for name, preset in presets.items():
-        args = ["--preset", preset] if preset else []
-        services[name] = service_process(name, folder / f"{name}.log", args)
+        services[name] = service_process(name, folder / f"{name}.log", service_args(device, name, preset))
         services[name].wait_serving(SERVING_TIMEOUT_S)
         print(f"{name}: SERVING on {services[name].address} (metrics {services[name].metrics_url}) after "
               f"{services[name].serving_at - services[name].started_at:.0f} s", flush=True)  # fmt: skip
 
 
 def run_session(
-    reports: Path, quick: bool = False, peer: bool = True, preset: str = "", presets: dict[str, str] | None = None
+    reports: Path,
+    quick: bool = False,
+    peer: bool = True,
+    preset: str = "",
+    presets: dict[str, str] | None = None,
+    device: str = "cpu",
+    only: list[str] | None = None,
+    folder: Path | None = None,
 ) -> int:
     """`preset` (e.g. "tiny") sets every service's preset: a fast smoke run of the whole job; `presets` sets some
-    services' presets over RUN_PRESETS (e.g. {"asr": "fastconformer-100m"})."""
-    folder = run_folder(reports, "run")
+    services' presets over the device's (e.g. {"asr": "fastconformer-100m"}). `only` runs some stages (sweeps of
+    asr, llm, tts, voice, and "peer", the side by side), starting only the services they need: a run split into
+    parts, each in its own `folder`, that `python -m loadgen combine` joins into one report."""
+    chosen_stages = list(only or [*TARGETS, *(["peer"] if peer else [])])
+    if folder is None:
+        folder = run_folder(reports, "run")
+    else:
+        folder.mkdir(parents=True, exist_ok=False)
     (folder / "logs").mkdir()
     stages = Stages()
-    chosen = {name: preset or (presets or {}).get(name, RUN_PRESETS[name]) for name in SERVICES}
-    stages.begin("starting " + ", ".join(f"{name} ({chosen[name] or 'default preset'})" for name in SERVICES)
-                 + ", one at a time (each measures its device ceilings on a quiet machine)")  # fmt: skip
+    names = services_for(chosen_stages)
+    chosen = {name: preset or (presets or {}).get(name, PRESETS[device][name]) for name in names}
+    stages.begin("starting " + ", ".join(f"{name} ({chosen[name] or 'default preset'})" for name in names)
+                 + f" on {device}, one at a time (each measures its device ceilings on a quiet machine)")  # fmt: skip
     services: dict[str, ServiceProcess] = {}
     sweeps: dict[str, tuple] = {}
     comparison: list[dict] = []
     failure = ""
     try:
-        start_services(folder / "logs", chosen, services)
-        endpoints = Endpoints(**{name: services[name].address for name in SERVICES},
-                              **{f"{name}_metrics": services[name].metrics_url for name in SERVICES})  # fmt: skip
-        workload = dataclasses.replace(_workload(quick), endpoints=endpoints)
-        for plan in plans(quick):
+        start_services(folder / "logs", chosen, services, device)
+        endpoints = Endpoints(**{name: services[name].address for name in names},
+                              **{f"{name}_metrics": services[name].metrics_url for name in names})  # fmt: skip
+        workload = dataclasses.replace(run_workload(quick, device), endpoints=endpoints)
+        for plan in chosen_plans(quick, device, chosen_stages):
             stages.begin(f"sweep {plan.target}: concurrency {', '.join(map(str, plan.concurrency))}")
             (folder / plan.target).mkdir()
             sweep = run_sweep(plan, workload, folder / plan.target, progress=lambda line: print(line, flush=True))
             analysis, text = write_report(sweep, folder / plan.target)
             print(text, flush=True)
             sweeps[plan.target] = (sweep, analysis)
-        if peer:
+        if "peer" in chosen_stages:
             for name in ("asr", "tts"):  # the comparison gets the machine to itself
-                services[name].stop()
-            comparison = side_by_side(services["llm"].address, workload, folder / "peer", quick, stages)
+                if name in services:
+                    services[name].stop()
+            comparison = side_by_side(services["llm"].address, workload, folder / "peer", quick, stages,
+                                      service_args=tuple(SERVICE_ARGS[device]["llm"]))  # fmt: skip
     except (RuntimeError, TimeoutError, OSError) as error:  # a service that died or never came up: say which
         failure = str(error)
         print(f"\nrun failed: {failure}", flush=True)
@@ -127,7 +124,10 @@ def run_session(
         for service in services.values():
             service.stop()
         stages.end()
-    text = index(sweeps, comparison, stages, failure) + _plan(folder, sweeps)
+    (folder / "stage.json").write_text(json.dumps({
+        "device": device, "stages": chosen_stages, "presets": chosen, "quick": quick, "failure": failure,
+        "times": stages.times, "comparison": comparison}, indent=1), encoding="utf-8")  # fmt: skip
+    text = index(sweeps, comparison, stages.times, failure, device) + _plan(folder, sweeps)
     (folder / "report.md").write_text(text, encoding="utf-8")
     write_html(text, folder / "report.html", "voiceagent run")
     total = time.monotonic() - stages.started
@@ -147,9 +147,12 @@ def _plan(folder: Path, sweeps: dict[str, tuple]) -> str:
     return f"\n{section}\n"
 
 
-def index(sweeps: dict[str, tuple], comparison: list[dict], stages: Stages, failure: str = "") -> str:
-    lines = ["# voiceagent run", "", "Each service swept over concurrency on its CPU preset; click a target for "
-             "its full report (plots, predicted vs measured, verdicts and the rules behind them).", ""]  # fmt: skip
+def index(sweeps: dict[str, tuple], comparison: list[dict], times: list, failure: str = "", device: str = "cpu") -> str:
+    """The run's report.md: `sweeps` maps a target to (sweep, analysis); objects read back from a stage's
+    results.json (loadgen/combine.py) do as well, having the same attributes."""
+    lines = ["# voiceagent run", "", f"Each service swept over concurrency on its {device.upper()} preset; click "
+             "a target for its full report (plots, predicted vs measured, verdicts and the rules behind them).",
+             ""]  # fmt: skip
     if failure:
         lines += ["**The run failed:**", "", "```", failure, "```", ""]
     rows = []
@@ -170,6 +173,7 @@ def index(sweeps: dict[str, tuple], comparison: list[dict], stages: Stages, fail
     lines += markdown_table(
         ["target", "knee", "regime by concurrency", "best throughput", "primary latency p50 at C=1",
          "real-time limit", "load-generator warnings"], rows)  # fmt: skip
+    lines += _seed_tables(sweeps)
     ceilings = [(target, sweep.facts) for target, (sweep, _) in sweeps.items() if target in SERVICES]
     if ceilings:
         lines += [
@@ -196,5 +200,21 @@ def index(sweeps: dict[str, tuple], comparison: list[dict], stages: Stages, fail
               row["peer_tps"], row["verdict"]] for row in comparison],
         )  # fmt: skip
     lines += ["", "## Stages", ""]
-    lines += markdown_table(["stage", "seconds"], [[name, f"{seconds:.0f}"] for name, seconds in stages.times])
+    lines += markdown_table(["stage", "seconds"], [[name, f"{seconds:.0f}"] for name, seconds in times])
     return "\n".join(lines) + "\n"
+
+
+def _seed_tables(sweeps: dict[str, tuple]) -> list[str]:
+    """Each service's predicted-vs-measured table (component | what determines its time | predicted | measured |
+    agreement) with its knee and crossover, on the run's first page; the per-level detail is in its report."""
+    lines = []
+    for target, (_, analysis) in sweeps.items():
+        if target not in SERVICES or analysis is None or not analysis.predictions_table:
+            continue
+        sentences = f"{analysis.knee_sentence or ''} {analysis.crossover_sentence or ''}".strip()
+        lines += ["", f"## Predicted vs measured: {target}", "", sentences, ""]
+        lines += markdown_table(
+            ["component", "what determines its time", "predicted", "measured", "agreement"],
+            [list(row.values()) for row in analysis.predictions_table],
+        )
+    return lines

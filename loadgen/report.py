@@ -100,7 +100,8 @@ def _facts(sweep) -> list[str]:
 def _levels(sweep) -> list[str]:
     names = list(sweep.levels[0].latency)
     header = ["C", "requests", "errors", "s", *[f"{n} p50/p95/p99 ms" for n in names],
-              "FLOP/s", "read B/s", "steps/s", "load gen cores", "machine cores"]  # fmt: skip
+              "FLOP/s", "read B/s", "steps/s", "load gen cores", "busiest gen process", "in flight / offered",
+              "machine cores"]  # fmt: skip
     rows = []
     for level in sweep.levels:
         latencies = [
@@ -110,9 +111,20 @@ def _levels(sweep) -> list[str]:
         rows.append([
             level.concurrency, level.requests, level.errors, f"{level.duration_s:.1f}", *latencies,
             si(level.server.flops_per_s, ""), si(level.server.read_bytes_per_s, ""), f"{level.server.steps_per_s:.1f}",
-            f"{level.loadgen_cpu:.2f}", f"{level.extra.get('machine_cpu_cores', 0):.2f}",
+            f"{level.loadgen_cpu:.2f}", _busiest(level), _in_flight(level),
+            f"{level.extra.get('machine_cpu_cores', 0):.2f}",
         ])  # fmt: skip
     return markdown_table(header, rows)
+
+
+def _busiest(level: LevelResult) -> str:
+    busiest = level.extra.get("loadgen_busiest_process_cores")
+    return "—" if busiest is None else f"{busiest:.2f} of 1 core"
+
+
+def _in_flight(level: LevelResult) -> str:
+    achieved = level.extra.get("achieved_concurrency")
+    return "—" if achieved is None else f"{achieved:.1f} / {level.concurrency}"
 
 
 def render(sweep, analysis: SweepAnalysis | None, why_none: str, images: dict[str, str]) -> str:
@@ -131,7 +143,9 @@ def render(sweep, analysis: SweepAnalysis | None, why_none: str, images: dict[st
         f"The generator ran {1 + plan.workers} process(es) "
         f"({'Locust local runner' if not plan.workers else f'Locust master + {plan.workers} workers'}). "
         "A Python process saturates near one core; when it nears that, or when the machine is full and the "
-        "generator holds a large share of it, the generator — not the service — may set the level's pace.",
+        "generator holds a large share of it, the generator — not the service — may set the level's pace. "
+        "Checked per level (the levels table): the busiest generator process's cores, and the requests in flight "
+        "on average (Little's law over the window) against the offered concurrency.",
         "",
     ]
     lines += [f"- ⚠ {warning}" for warning in sweep.warnings] or [

@@ -34,6 +34,9 @@ SERVICES = {"asr": ("asr",), "llm": ("llm",), "tts": ("tts",), "voice": ("asr", 
 DEFAULT_OBJECTIVE_S = {"llm": 2.0, "openai": 2.0, "asr": 1.0, "tts": 2.0, "voice": 3.0}
 # One Python process tops out near one core; past this share of it, the generator may be what limits the level.
 LOADGEN_CPU_WARNING = 0.8
+# Closed-loop users each keep one request in flight: fewer in flight on average than this share of the offered
+# concurrency means the generator, not the service, held them back (or requests failed fast).
+ACHIEVED_WARNING = 0.8
 
 
 @dataclasses.dataclass
@@ -46,6 +49,7 @@ class SweepPlan:
     objective_s: float | None = None  # p95 of the target's primary latency; None = DEFAULT_OBJECTIVE_S
     max_error_rate: float = 0.05
     stop_early: bool = True  # False: run every level whatever its errors and latency (side-by-side runs)
+    stop_past_realtime: bool = False  # also stop after the first level whose streams fell behind real time
     workers: int = 0  # 0: users run in this process; N: a Locust master here and N local worker processes
     drain_timeout_s: float = 60.0
     level_timeout_s: float = 300.0
@@ -110,25 +114,29 @@ class _Cpu:
         self.processes = [psutil.Process(), *(psutil.Process(worker.pid) for worker in workers)]
         self.read()
 
-    def _loadgen_s(self) -> float:
-        total = 0.0
+    def _each_s(self) -> list[float]:
+        times = []
         for process in self.processes:
             try:
-                times = process.cpu_times()
-                total += times.user + times.system
+                cpu = process.cpu_times()
+                times.append(cpu.user + cpu.system)
             except psutil.Error:
-                pass
-        return total
+                times.append(0.0)
+        return times
 
     def read(self) -> tuple[float, float]:
-        """(load-generator cores, machine busy cores) since the previous read."""
-        now, loadgen_s, machine = time.monotonic(), self._loadgen_s(), psutil.cpu_times()
+        """(load-generator cores, machine busy cores) since the previous read; `busiest` is then the cores of
+        the busiest load-generator process (the one that would limit a level first)."""
+        now, each, machine = time.monotonic(), self._each_s(), psutil.cpu_times()
+        loadgen_s = sum(each)
         machine_s = machine.user + machine.system + getattr(machine, "nice", 0.0)
         result = (0.0, 0.0)
+        self.busiest = 0.0
         if hasattr(self, "_last"):
             wall = now - self._last[0]
             result = ((loadgen_s - self._last[1]) / wall, (machine_s - self._last[2]) / wall)
-        self._last = (now, loadgen_s, machine_s)
+            self.busiest = max((b - a for a, b in zip(self._last[3], each, strict=False)), default=0.0) / wall
+        self._last = (now, loadgen_s, machine_s, each)
         return result
 
 
@@ -237,6 +245,8 @@ def saturated(level: LevelResult, plan: SweepPlan) -> str:
     primary = PRIMARY_LATENCY[plan.target]
     if primary in level.latency and level.latency[primary].p95 > plan.objective:
         return f"{primary} p95 {level.latency[primary].p95:.3f} s > objective {plan.objective:.3f} s"
+    if plan.stop_past_realtime and level.realtime_ok is False:
+        return "streams fell behind real time"
     return ""
 
 
@@ -270,10 +280,13 @@ def run_sweep(plan: SweepPlan, workload: Workload, out_dir: Path, progress: Call
             duration_s = time.time() - window_start
             loadgen_cpu, machine_cpu = cpu.read()
             server = _server_counters(plan.target, before, _scrape_all(plan.target, workload), duration_s)
-            level = level_result(
-                plan.target, concurrency, sink.take(window_start, window_end), duration_s, server, loadgen_cpu
-            )
-            level.extra.update(machine_cpu_cores=machine_cpu, loadgen_processes=float(1 + plan.workers))
+            measured = sink.take(window_start, window_end)
+            level = level_result(plan.target, concurrency, measured, duration_s, server, loadgen_cpu)
+            # Little's law over the window: requests started per second × their mean time in flight.
+            window_s = max(window_end - window_start, 1e-9)
+            level.extra["achieved_concurrency"] = sum(record.latency_s for record in measured) / window_s
+            level.extra.update(machine_cpu_cores=machine_cpu, loadgen_processes=float(1 + plan.workers),
+                               loadgen_busiest_process_cores=cpu.busiest)  # fmt: skip
             warnings += _self_check(level, plan)
             level.stopped_early = saturated(level, plan) if plan.stop_early else ""
             levels.append(level)
@@ -301,11 +314,24 @@ def _self_check(level: LevelResult, plan: SweepPlan) -> list[str]:
     """Warnings when the load generator itself may have limited the level."""
     warnings = []
     processes = 1 + plan.workers
-    per_process = level.loadgen_cpu / processes
+    per_process = max(level.loadgen_cpu / processes, level.extra.get("loadgen_busiest_process_cores", 0.0))
     if per_process > LOADGEN_CPU_WARNING:
         warnings.append(
             f"concurrency {level.concurrency}: the load generator used {level.loadgen_cpu:.2f} cores over "
-            f"{processes} process(es) ({per_process:.0%} of a core each); it may be the bottleneck — add --workers"
+            f"{processes} process(es) (the busiest {per_process:.0%} of a core); it may be the bottleneck — add "
+            "--workers"
+        )
+    achieved = level.extra.get("achieved_concurrency")
+    # Judged only where each user completed two requests or more: with fewer, the window's edges dominate.
+    if (
+        achieved is not None
+        and level.requests >= 2 * level.concurrency
+        and achieved < ACHIEVED_WARNING * level.concurrency
+    ):
+        warnings.append(
+            f"concurrency {level.concurrency}: only {achieved:.1f} requests were in flight on average "
+            f"({achieved / level.concurrency:.0%} of the offered {level.concurrency}): the generator did not keep "
+            "its users busy"
         )
     cores = psutil.cpu_count() or 1
     machine = level.extra.get("machine_cpu_cores", 0.0)

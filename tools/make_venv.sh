@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # make_venv.sh NAME REQUIREMENTS: build .venv/NAME from a requirements file, idempotently.
 # A stamp holding the hash of the inputs makes a second run a no-op; changed inputs rebuild the venv.
-# An executable post_install.sh beside the requirements file runs afterwards with the venv's python.
+# An executable post_install.sh beside the requirements file runs afterwards with the venv's python
+# (post_install-cuda.sh for requirements-cuda.txt).
 set -euo pipefail
 name=$1 requirements=$2
 python=${PYTHON:-python3.11}
 venv=.venv/$name
-hook=$(dirname "$requirements")/post_install.sh
+variant=$(basename "$requirements" .txt)
+hook=$(dirname "$requirements")/post_install${variant#requirements}.sh
 hooks=$([ -f "$hook" ] && echo "$hook" || true)
 inputs=$(cat "$requirements" requirements/serving.txt $hooks | sha256sum | cut -d' ' -f1)
 if [ -f "$venv/.stamp" ] && [ "$(cat "$venv/.stamp")" = "$inputs" ]; then

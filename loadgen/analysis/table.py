@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from loadgen.analysis.formats import rate, seconds, si
@@ -133,11 +134,38 @@ def _realtime_row(analysis: SweepAnalysis, facts: ServiceFacts) -> dict[str, str
 
 
 def _crossover_row(analysis: SweepAnalysis, facts: ServiceFacts) -> dict[str, str]:
-    crossover, knee = analysis.crossover_concurrency, analysis.knee_concurrency
+    """The predicted crossover batch against where the counters' intensity reaches the ridge (and the knee)."""
+    crossover, knee, verdicts = analysis.crossover_concurrency, analysis.knee_concurrency, analysis.levels
+    knee_text = f"knee at C={knee}" if knee else f"no knee up to C={verdicts[-1].concurrency}"
+    measured = measured_crossover(verdicts, facts.ridge_flops_per_byte)
+    if measured is not None:
+        measured_text = f"counters' intensity reaches the ridge at C ≈ {measured:.0f}; {knee_text}"
+        agreement = f"measured ÷ predicted = {measured / crossover:.2g}" if crossover else "—"
+    else:
+        measured_text = knee_text + "; counters' intensity stays below the ridge"
+        agreement = f"knee ÷ crossover = {knee / crossover:.2g}" if knee and crossover else "—"
     return _row(
         "crossover to compute-bound",
         f"ridge {facts.ridge_flops_per_byte:.3g} FLOP/B × bytes per step ÷ FLOPs per stream",
         f"batch ≈ {crossover:.0f}" if crossover else "never",
-        f"knee at C={knee}" if knee else f"no knee up to C={analysis.levels[-1].concurrency}",
-        f"knee ÷ crossover = {knee / crossover:.2g}" if knee and crossover else "—",
+        measured_text,
+        agreement,
     )
+
+
+def measured_crossover(verdicts: Sequence[LevelVerdict], ridge: float) -> float | None:
+    """The concurrency at which the levels' measured arithmetic intensity (the service's work counters: FLOPs ÷
+    bytes, prefills included) first reaches the ridge, interpolated on log2(C) between the levels either side;
+    None when no level's counters reach it (or a sweep has none)."""
+    counted = [v for v in verdicts if v.utilisation_source == "counters" and v.arithmetic_intensity > 0]
+    if not ridge or not counted or counted[-1].arithmetic_intensity < ridge:
+        return None
+    if counted[0].arithmetic_intensity >= ridge:
+        return float(counted[0].concurrency)
+    for low, high in zip(counted, counted[1:], strict=False):
+        if low.arithmetic_intensity < ridge <= high.arithmetic_intensity:
+            share = math.log(ridge / low.arithmetic_intensity) / math.log(
+                high.arithmetic_intensity / low.arithmetic_intensity
+            )
+            return 2 ** (math.log2(low.concurrency) + share * math.log2(high.concurrency / low.concurrency))
+    return None

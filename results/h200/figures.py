@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import tarfile
 from pathlib import Path
 
 import matplotlib
@@ -199,6 +200,48 @@ def llm_figures() -> dict:
     return figures
 
 
+# The main job on the H200 (issue 19): one tarball per stage (results/h200/main_job.sh), its results.json per target.
+MAIN_JOB_STAGES = {"llm": "llm.tar.gz", "asr": "asr-eager.tar.gz", "tts": "tts.tar.gz"}
+PRIMARY = {"llm": "ttft_s", "asr": "final_latency_s", "tts": "first_audio_s"}
+
+
+def _stage_member(tarball: str, name: str) -> dict | list:
+    with tarfile.open(RAW / "main_job" / tarball) as archive:
+        member = next(m for m in archive.getmembers() if m.name.endswith(name))
+        return json.load(archive.extractfile(member))
+
+
+def main_job_figures() -> dict:
+    """Per target, every level of `python -m loadgen run --device cuda` as recorded on the device (the regime is
+    the one the device-side analysis gave; results/h200/run/ holds the re-analysed reports), and the side by side."""
+    figures: dict = {}
+    for target, tarball in MAIN_JOB_STAGES.items():
+        data = _stage_member(tarball, f"{target}/results.json")
+        verdicts = {v["concurrency"]: v for v in (data["analysis"] or {}).get("levels", [])}
+        figures[target] = {"source": f"main_job/{tarball}", "preset": data["facts"]["preset"], "levels": [{
+            "concurrency": level["concurrency"],
+            "throughput": round(level["throughput"], 2),
+            "unit": level["throughput_unit"],
+            f"{PRIMARY[target]}_p50_ms": round(level["latency"][PRIMARY[target]]["p50"] * 1000, 1),
+            f"{PRIMARY[target]}_p95_ms": round(level["latency"][PRIMARY[target]]["p95"] * 1000, 1),
+            "realtime": level["realtime_ok"],
+            "regime": verdicts.get(level["concurrency"], {}).get("regime"),
+            "bandwidth_utilisation": round(verdicts.get(level["concurrency"], {}).get("bandwidth_utilisation", 0), 3),
+            "flop_utilisation": round(verdicts.get(level["concurrency"], {}).get("flop_utilisation", 0), 3),
+            "intensity_flop_per_byte": round(verdicts.get(level["concurrency"], {}).get("arithmetic_intensity", 0), 1),
+            "in_flight": round(level["extra"].get("achieved_concurrency", 0), 1),
+            "loadgen_busiest_process_cores": round(level["extra"].get("loadgen_busiest_process_cores", 0), 2),
+        } for level in data["levels"]]}  # fmt: skip
+        analysis = data["analysis"] or {}
+        figures[target].update(ridge=round(analysis.get("ridge_flops_per_byte", 0), 1),
+                               predicted_crossover_batch=analysis.get("crossover_concurrency"))  # fmt: skip
+    figures["side_by_side"] = {
+        "source": "main_job/peer.tar.gz",
+        "rows": _stage_member("peer.tar.gz", "comparison.json"),
+    }
+    return figures
+
+
 def _log2_axis(ax, xs, label: str) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
@@ -264,6 +307,7 @@ def main() -> None:
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "llm": llm_figures(),
+        "main_job": main_job_figures(),
     }
     (HERE / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
     PLOTS.mkdir(exist_ok=True)

@@ -11,10 +11,13 @@
 #                                            bench-0.6b 360 s, bench-8b 420 s, others 270 s), output in $OUT
 # Parts and checksums: results/h200/vllm026.sha256 (the parts themselves are git-ignored, in .vllm_h200/), made
 # here by `bash results/h200/llm.sh pack vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl` (pip download works here).
+# The committed checksums are of `PART_MIB=50 ... pack` (parts of 50 + 39 MiB, 2026-12-03, the main job's run;
+# results/h200/main_job.sh); VLLM_PARTS_DIR names where the carried parts are (default .vllm_h200).
 set -u
 OUT=${OUT:-/tmp/h200-out}
 ROOT=${VLLM_H200_ROOT:-/tmp} # where the parts are kept and site/ is extracted (set only to try this elsewhere)
 PARTS=$ROOT/vllm-parts
+CARRIED=${VLLM_PARTS_DIR:-.vllm_h200} # where the carried parts are, relative to the repo root
 SITE=$ROOT/site
 HERE=results/h200
 mkdir -p "$OUT" "$PARTS"
@@ -22,8 +25,8 @@ mkdir -p "$OUT" "$PARTS"
 unpack() { # $1 = part number
     local name
     name=$(printf 'vllm026.tar.xz.%02d' "$1")
-    [ -f ".vllm_h200/$name" ] || { echo "part $1 not carried (.vllm_h200/$name)"; return 1; }
-    cp ".vllm_h200/$name" "$PARTS/" || return 1
+    [ -f "$CARRIED/$name" ] || { echo "part $1 not carried ($CARRIED/$name)"; return 1; }
+    cp "$CARRIED/$name" "$PARTS/" || return 1
     (cd "$PARTS" && grep " $name\$" "$OLDPWD/$HERE/vllm026.sha256" | sha256sum -c -) || return 1
     local expected have
     expected=$(grep -c 'vllm026.tar.xz.[0-9]' "$HERE/vllm026.sha256")
@@ -130,7 +133,10 @@ pack() ( # here, not on the device: $1 = vllm-0.26.0 wheel, $2 = output folder (
     cd "$OLDPWD"
     tar -C "$stage" -cf - site | xz -9 -T2 --block-size=32MiB >"$stage/all.tar.xz"
     mkdir -p "$dest" && rm -f "$dest"/vllm026.tar.xz.*
-    split -n 2 -d -a 2 "$stage/all.tar.xz" "$dest/vllm026.tar.xz."
+    # PART_MIB: parts of that size (the last one smaller), so that a call can carry other things beside a part;
+    # default: two equal halves
+    if [ -n "${PART_MIB:-}" ]; then split -b "${PART_MIB}M" -d -a 2 "$stage/all.tar.xz" "$dest/vllm026.tar.xz."
+    else split -n 2 -d -a 2 "$stage/all.tar.xz" "$dest/vllm026.tar.xz."; fi
     (cd "$dest" && sha256sum vllm026.tar.xz.*) >"$HERE/vllm026.sha256"
     ls -l "$dest"
 )
