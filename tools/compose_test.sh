@@ -82,21 +82,34 @@ wheels() {
         echo "wheelhouse up to date: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1)"
         return
     fi
-    local pip=(.venv/dev/bin/python -m pip wheel -q --wheel-dir "$WHEELHOUSE")
     for requirements in requirements/dev.txt services/{asr,llm,tts}/requirements.txt; do
-        "${pip[@]}" -r "$requirements"
+        pip_wheel -r "$requirements"
     done
     # services/tts/post_install.sh installs these without their dependencies.
-    "${pip[@]}" --no-deps voxcpm==2.0.3 torchaudio==2.11.1
+    pip_wheel --no-deps voxcpm==2.0.3 torchaudio==2.11.1
     echo "$hash" >"$stamp"
     echo "wheelhouse: $(find "$WHEELHOUSE" -name '*.whl' | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1)"
+}
+
+pip_wheel() {  # pip wheel into the wheelhouse; its output only when it fails
+    local log
+    log=$(mktemp)
+    if ! .venv/dev/bin/python -m pip wheel -q --wheel-dir "$WHEELHOUSE" "$@" >"$log" 2>&1; then
+        grep -v "is ignored" "$log" >&2
+        rm -f "$log"
+        return 1
+    fi
+    rm -f "$log"
 }
 
 build() {  # build NAME DOCKERFILE TAG [ARGS...]
     local name=$1 dockerfile=$2 tag=$3 start
     shift 3
     start=$(date +%s)
-    $DOCKER build -q --network host --build-arg PYTHON_IMAGE="$BASE_IMAGE" -f "$dockerfile" -t "$tag" "$@" . >/dev/null
+    mkdir -p reports/compose-build
+    # BuildKit's step-by-step log (each step's time, CACHED where the layer cache served it) for a failure or a look.
+    $DOCKER build --progress plain --network host --build-arg PYTHON_IMAGE="$BASE_IMAGE" -f "$dockerfile" -t "$tag" \
+        "$@" . >"reports/compose-build/$name.log" 2>&1 || { tail -30 "reports/compose-build/$name.log"; return 1; }
     printf '  %-10s %-28s %5d s  %s\n' "$name" "$tag" $(( $(date +%s) - start )) \
         "$($DOCKER image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1 / 1e9}')"
 }

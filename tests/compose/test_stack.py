@@ -209,7 +209,8 @@ def test_three_tts_replicas_share_a_round_robin_sweep(compose, swept):
     measured = {
         "command": "make compose-test (tests/compose/test_stack.py::test_three_tts_replicas_share_a_round_robin_sweep)",
         "sweep": ["sweep", "--target", "tts", "--tts", "dns:///tts:50053", *CAPACITY_SWEEP],
-        "cpu_cores": os.cpu_count(), "one_replica": one, "three_replicas": three,
+        "cpu_cores": os.cpu_count(), "cpus_per_replica": float(os.environ.get("TTS_CPUS", "0.5")),
+        "one_replica": one, "three_replicas": three,
         "requests_per_replica": served, "spread_vs_mean": {c: round(n / mean - 1, 3) for c, n in served.items()},
         "capacity_ratio_knee": three["knee_audio_s_per_s"] / one["knee_audio_s_per_s"],
         "capacity_ratio_best": three["best_audio_s_per_s"] / one["best_audio_s_per_s"],
@@ -218,8 +219,12 @@ def test_three_tts_replicas_share_a_round_robin_sweep(compose, swept):
     print("\n" + json.dumps(measured, indent=2))
     assert one["errors"] == 0 and three["errors"] == 0
     assert all(abs(n / mean - 1) <= 0.2 for n in served.values()), f"uneven spread: {served}"
-    # Three replicas on two shared cores: the bound is the cores, not the replicas (deploy/README.md).
-    assert measured["capacity_ratio_best"] > 1.2, measured
+    # Each replica has half a core (compose.test.yaml), so three have 1.5 of the machine's 2: capacity must rise
+    # well past one replica's. The 2.5x is the measured figure in results/cpu/ (other agents share the
+    # cores: a floor of 2x keeps this test from failing on their load). With TTS_CPUS=2 (no limit) the bound is
+    # the two cores and this does not apply.
+    if measured["cpus_per_replica"] * 3 <= (os.cpu_count() or 1) * 0.75:
+        assert measured["capacity_ratio_best"] >= 2.0, measured
 
 
 def test_down_leaves_nothing_behind(compose, swept):
