@@ -21,10 +21,10 @@ import pytest
 from tests.deploy.test_live_monitoring import dashboard_expressions
 from tests.deploy.tools import DEPLOY, REPO, SERVICES
 
-PROJECT = "voiceagent-test"
+PROJECT = os.environ.get("COMPOSE_TEST_PROJECT", "voiceagent-test")  # two runs side by side need two names
 FILES = ["-f", str(DEPLOY / "compose.yaml"), "-f", str(DEPLOY / "compose.test.yaml")]
 PORTS = {"asr": (50051, 9091), "llm": (50052, 9092), "tts": (50053, 9093)}
-OUT = REPO / "reports" / "compose-test"
+OUT = REPO / "reports" / PROJECT
 SWEEP = ["--concurrency", "1,2", "--duration-s", "4", "--warmup-s", "1", "--timeout-s", "60"]
 WORKLOAD = {"asr": ["--utterance-s", "2"], "llm": ["--prompt-tokens", "16", "--output-tokens", "8"],
             "tts": ["--text-words", "8"]}  # fmt: skip
@@ -72,8 +72,11 @@ class Compose:
             states = [inspect(i, "{{.State.Health.Status}}") for i in ids]
             if len(ids) == replicas and all(state == "healthy" for state in states):
                 return time.monotonic() - start
-            assert "unhealthy" not in states, f"{service}: {states}\n{self('logs', '--tail', '50', service).stdout}"
-            assert time.monotonic() - start < timeout_s, f"{service} not healthy within {timeout_s} s: {states}"
+            # A replica saturated by a sweep on its half core can miss health checks (5 s timeout) and read
+            # unhealthy for a while; it must turn healthy again once the load stops.
+            assert time.monotonic() - start < timeout_s, (
+                f"{service} not healthy within {timeout_s} s: {states}\n{self('logs', '--tail', '50', service).stdout}"
+            )
             time.sleep(2)
 
     def sweep(self, target: str, *args: str) -> dict:
