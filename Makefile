@@ -8,7 +8,7 @@ SERVICES := asr llm tts
 DEVICE ?= cpu
 
 .DEFAULT_GOAL := help
-.PHONY: soak plan help setup protos run serve sweep test lint serve-asr serve-llm serve-tts clean bench-llm bench-asr bench-tts
+.PHONY: compose-test soak plan help setup protos run serve sweep test lint serve-asr serve-llm serve-tts clean bench-llm bench-asr bench-tts
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -51,6 +51,9 @@ soak: setup ## start the services, load all three and the voice turn with cancel
 
 test: ## set up if needed, then lint and run every test suite, timing each stage
 	@tools/test.sh
+
+compose-test: setup ## build the images for real and test the compose stack (installs/starts docker.io if missing)
+	@tools/compose_test.sh
 
 lint: ## ruff over everything but generated code
 	@$(VENV)/dev/bin/ruff check . && $(VENV)/dev/bin/ruff format --check .

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.deploy.test_llm_openai import with_component
 from tests.deploy.test_tls_component import with_tls
 from tests.deploy.tools import DEPLOY, K8S, OVERLAYS, REPO, kustomize, with_components
 
@@ -45,8 +46,11 @@ def results(tmp_path_factory) -> dict[str, list[dict]]:
         (rendered / f"{overlay}+components.yaml").write_text(yaml.safe_dump_all(components))
         tls = with_tls(overlay, tmp_path_factory.mktemp(f"{overlay}-tls"))
         (rendered / f"{overlay}+tls.yaml").write_text(yaml.safe_dump_all(tls))
+        openai = with_component(overlay, tmp_path_factory.mktemp(f"{overlay}-llm-openai"))
+        (rendered / f"{overlay}+llm-openai.yaml").write_text(yaml.safe_dump_all(openai))
     (careless / "careless.yaml").write_text(yaml.safe_dump(CARELESS))
-    folders = [arg for folder in (rendered, careless, DEPLOY / "docker") for arg in ("-d", str(folder))]
+    images = (DEPLOY / "docker", DEPLOY / "monitoring" / "prometheus")  # the compose test's Prometheus image too
+    folders = [arg for folder in (rendered, careless, *images) for arg in ("-d", str(folder))]
     command = [str(CHECKOV), "--config-file", str(CONFIG), "--framework", "kubernetes", "dockerfile", *folders,
                "--output", "json", "--quiet"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
@@ -55,7 +59,8 @@ def results(tmp_path_factory) -> dict[str, list[dict]]:
     for report in json_documents(result.stdout):
         for check in report.get("results", {}).get("failed_checks", []):
             path = Path(check["file_abs_path"] if "file_abs_path" in check else check["file_path"])
-            folder = next(part for part in ("rendered", "careless", "docker") if part in path.parts)
+            folder = next(part for part in ("rendered", "careless", "docker", "prometheus") if part in path.parts)
+            folder = "docker" if folder == "prometheus" else folder
             failed[folder].append(check)
     return failed
 

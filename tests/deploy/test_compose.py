@@ -10,6 +10,8 @@ from tests.deploy.tools import DEPLOY, SERVICES, load_yaml, run, tool
 
 COMPOSE = DEPLOY / "compose.yaml"
 GPU = DEPLOY / "compose.gpu.yaml"
+PORTS = DEPLOY / "compose.ports.yaml"
+TEST = DEPLOY / "compose.test.yaml"
 
 
 def check_compose_schema(*paths) -> str:
@@ -26,7 +28,17 @@ def merge(base, override):
 
 
 def test_compose_files_validate():
-    check_compose_schema(COMPOSE, GPU)
+    check_compose_schema(COMPOSE, GPU, PORTS, TEST)
+
+
+def test_the_services_publish_no_fixed_host_port_so_they_scale():
+    """`--scale tts=3` needs three host ports if tts publishes one; compose.ports.yaml publishes them instead."""
+    compose, ports = load_yaml(COMPOSE), load_yaml(PORTS)
+    for service, port in zip(SERVICES, (50051, 50052, 50053), strict=True):
+        assert "ports" not in compose["services"][service]
+        assert ports["services"][service]["ports"] == [f"{port}:{port}"]
+    assert "ports" not in str(load_yaml(TEST))
+    assert "name" not in compose, "docker-compose v1 rejects a top-level name (use -p)"
 
 
 def test_merged_gpu_stack_validates_and_reserves_a_gpu_per_service(tmp_path):
@@ -50,12 +62,13 @@ def test_the_schema_check_rejects_a_misspelt_key(tmp_path):
     assert result.returncode == 1 and "imagee" in result.stdout
 
 
-def test_prometheus_scrapes_each_compose_service_on_its_metrics_port():
+def test_prometheus_scrapes_every_replica_of_each_compose_service_on_its_metrics_port():
+    """DNS discovery: compose answers a service's name with one address per replica (`--scale tts=3`)."""
     compose = load_yaml(COMPOSE)
     config = load_yaml(DEPLOY / "monitoring" / "prometheus" / "prometheus.yml")
-    targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]}
+    discovery = {job["job_name"]: job.get("dns_sd_configs") for job in config["scrape_configs"]}
     for service, port in zip(SERVICES, (9091, 9092, 9093), strict=True):
         assert service in compose["services"]
-        assert targets[service] == [f"{service}:{port}"]
+        assert discovery[service] == [{"names": [service], "type": "A", "port": port, "refresh_interval": "5s"}]
     assert {"prometheus", "grafana"} <= set(compose["services"])
     assert all(compose["services"][name]["profiles"] == ["loadgen"] for name in ("locust-master", "locust-worker"))

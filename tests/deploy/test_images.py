@@ -25,7 +25,11 @@ def test_there_is_an_image_per_service_and_one_for_the_load_generator():
     assert {path.parent.name for path in DOCKERFILES} == {*SERVICES, "loadgen"}
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.parent.name)
+# The compose test's own images: the local stand-in for python:3.11-slim and Prometheus from Debian.
+LOCAL_IMAGES = [DEPLOY / "base-image" / "Dockerfile", DEPLOY / "monitoring" / "prometheus" / "Dockerfile"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES + LOCAL_IMAGES, ids=lambda path: path.parent.name)
 def test_hadolint_passes(dockerfile):
     result = run(tool("hadolint"), str(dockerfile))
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
@@ -45,6 +49,20 @@ def test_copied_files_exist_and_are_not_ignored(dockerfile):
         assert not missing, f"{dockerfile}: COPY {arguments}: {missing} do not exist"
         for source in matched:
             assert any(source.startswith(prefix) for prefix in allowed), f"{source} is excluded by .dockerignore"
+    # RUN --mount=type=bind sources (the wheelhouse) are read from the context too.
+    for source in re.findall(r"--mount=type=bind,source=([^, ]+)", dockerfile.read_text()):
+        assert (REPO / source).is_dir(), f"{dockerfile}: mounted {source} does not exist"
+        assert any(source.startswith(prefix) for prefix in allowed), f"{source} is excluded by .dockerignore"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.parent.name)
+def test_every_pip_install_can_come_from_the_wheelhouse(dockerfile):
+    """Each stage that runs pip mounts deploy/docker/wheelhouse and turns offline when it holds wheels."""
+    for instruction, arguments in instructions(dockerfile):
+        if instruction == "RUN" and "pip install" in arguments:
+            assert arguments.startswith("--mount=type=bind,source=deploy/docker/wheelhouse,target=/wheelhouse")
+            assert "PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheelhouse" in arguments
+    assert "syntax=" not in dockerfile.read_text(), "a syntax line pulls a frontend image from Docker Hub"
 
 
 @pytest.mark.parametrize("service", SERVICES)

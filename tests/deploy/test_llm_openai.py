@@ -40,7 +40,7 @@ def test_the_compose_override_changes_only_the_llm_and_configures_the_openai_bac
         name: spec for name, spec in base["services"].items() if name != "llm"
     }
     llm = merged["services"]["llm"]
-    assert llm["image"] == base["services"]["llm"]["image"] and llm["ports"] == ["50052:50052"]
+    assert llm["image"] == base["services"]["llm"]["image"] and "ports" not in llm
     (secret,) = llm["secrets"]
     assert merged["secrets"][secret]["file"] == "${VOICEAGENT_LLM_API_KEY_FILE:-/dev/null}"
     environ = {name: resolve(value) for name, value in llm["environment"].items()}
@@ -89,8 +89,13 @@ def test_the_kustomize_component_changes_only_the_llm_and_configures_the_openai_
     assert config["host"] == "0.0.0.0" and config["port"] == 50052
     pod = swapped[("Deployment", "llm")]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    (key,) = container["env"]
-    assert key["name"] == config["upstream_api_key_env"] == "OPENAI_API_KEY"
-    assert key["valueFrom"]["secretKeyRef"] == {"name": "llm-upstream", "key": "api-key", "optional": True}
+    # The API key is a file from the Secret (checkov CKV_K8S_35), never an environment variable.
+    assert not any("secretKeyRef" in str(var) for var in container.get("env", [])), container["env"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "llm-upstream"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "llm-upstream"]
+    assert mount["readOnly"] and volume["secret"]["secretName"] == "llm-upstream"
+    assert not volume["secret"].get("optional"), "a missing Secret must stop the pod, not start it keyless"
+    (item,) = volume["secret"]["items"]
+    assert config["upstream_api_key_file"] == f"{mount['mountPath']}/{item['path']}" and item["key"] == "api-key"
     assert "nvidia.com/gpu" not in container["resources"]["limits"], "no engine here: no GPU"
     assert container["readinessProbe"]["grpc"]["port"] == 50052

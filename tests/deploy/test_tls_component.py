@@ -37,8 +37,8 @@ def test_tls_component_mounts_the_secret_names_it_in_settings_and_probes_over_tl
     for service in SERVICES:
         pod = deployments[service]["spec"]["template"]["spec"]
         (container,) = pod["containers"]
-        (secret,) = [volume["secret"] for volume in pod["volumes"] if "secret" in volume]
-        assert secret["secretName"] == "voiceagent-tls"
+        secrets = {volume["secret"]["secretName"] for volume in pod["volumes"] if "secret" in volume}
+        assert secrets == ({"voiceagent-tls", "llm-upstream"} if service == "llm" else {"voiceagent-tls"})
         refs = [source["configMapRef"]["name"] for source in container["envFrom"]]
         assert f"{service}-tls-settings" in refs and all(ref in configmaps for ref in refs), refs
         settings = configmaps[f"{service}-tls-settings"]["data"]
@@ -52,4 +52,5 @@ def test_tls_component_mounts_the_secret_names_it_in_settings_and_probes_over_tl
             command = container[probe]["exec"]["command"]
             assert "grpc" not in container[probe] and command[-1] == f"127.0.0.1:{PORTS[service]}", (service, probe)
     llm = deployments["llm"]["spec"]["template"]["spec"]["containers"][0]
-    assert [env["name"] for env in llm["env"]] == ["OPENAI_API_KEY"]  # llm-openai's API key survived the patch
+    # llm-openai's API key file survived the patch, beside the TLS files.
+    assert "/etc/voiceagent/llm-upstream" in {mount["mountPath"] for mount in llm["volumeMounts"]}
