@@ -17,8 +17,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.harness import child_processes, start_service, venv_python
-from tests.llm.conftest import TEST_ARGS, TEST_ENV, generate, metric, scrape
+from tests.harness import child_processes, sample_sum, scrape_samples, start_service, venv_python
+from tests.llm.conftest import TEST_ARGS, TEST_ENV, generate
 from voiceagent.v1 import llm_pb2, llm_pb2_grpc
 
 FRONTENDS = 2
@@ -100,13 +100,13 @@ def test_one_engine_core_and_n_front_ends(spread):
 
 def test_requests_spread_over_the_front_ends_and_metrics_add_up(spread):
     requests, max_tokens = 12, 6
-    before = scrape(spread.metrics_url)
+    before = scrape_samples(spread.metrics_url)
     for index in range(requests):
         call(spread, text=f"spread {index}", sampling={"max_tokens": max_tokens, **GREEDY})
-    after = scrape(spread.metrics_url)
+    after = scrape_samples(spread.metrics_url)
 
     def grew(name: str, **labels: str) -> float:
-        return metric(after, name, **labels) - metric(before, name, **labels)
+        return sample_sum(after, name, **labels) - sample_sum(before, name, **labels)
 
     per_frontend = [grew("voiceagent_llm_frontend_rpcs_total", frontend=str(i)) for i in range(FRONTENDS)]
     assert sum(per_frontend) == requests
@@ -121,7 +121,7 @@ def test_requests_spread_over_the_front_ends_and_metrics_add_up(spread):
     assert grew("vllm:generation_tokens_total") == requests * max_tokens
     # Engine steps counted once each, though two front ends hear from the engine: batch 1, one step per token.
     assert grew("voiceagent_llm_engine_steps_total") == requests * max_tokens
-    assert metric(after, "voiceagent_llm_rpc_in_flight", method="Generate") == 0
+    assert sample_sum(after, "voiceagent_llm_rpc_in_flight", method="Generate") == 0
 
 
 def test_the_running_count_is_the_one_engines(spread):
@@ -134,15 +134,15 @@ def test_the_running_count_is_the_one_engines(spread):
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
         futures = [pool.submit(long_request, index) for index in range(streams)]
         while not all(future.done() for future in futures):
-            samples = scrape(spread.metrics_url)
-            seen.append(metric(samples, "voiceagent_llm_requests_running"))
-            assert metric(samples, "vllm:num_requests_running") <= streams
+            samples = scrape_samples(spread.metrics_url)
+            seen.append(sample_sum(samples, "voiceagent_llm_requests_running"))
+            assert sample_sum(samples, "vllm:num_requests_running") <= streams
             time.sleep(0.05)
         results = [future.result() for future in futures]
     assert all(len(ids_of(responses)) == max_tokens for responses in results)
     assert max(seen) == streams, f"running counts seen: {sorted(set(seen))}"  # not 2x: one engine, one series
     deadline = time.monotonic() + 10
-    while metric(scrape(spread.metrics_url), "voiceagent_llm_requests_running") != 0:
+    while sample_sum(scrape_samples(spread.metrics_url), "voiceagent_llm_requests_running") != 0:
         assert time.monotonic() < deadline, "the running count did not return to 0"
         time.sleep(0.1)
 
