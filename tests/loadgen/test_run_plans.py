@@ -4,6 +4,7 @@ CPU run is what it was."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from loadgen.cli import parser
@@ -54,7 +55,13 @@ def test_stages_start_only_the_services_they_need():
 def test_make_run_device_cuda_is_loadgen_run_device_cuda():
     args = parser().parse_args(["run", "--device", "cuda", "--only", "llm,peer", "--folder", "/tmp/x"])
     assert (args.device, args.only) == ("cuda", ["llm", "peer"])
-    made = subprocess.run(["make", "-n", "run", "DEVICE=cuda"], cwd=REPO, capture_output=True, text=True, check=True)
-    assert made.stdout.strip().splitlines()[-1].endswith("-m loadgen run --device cuda")
-    made = subprocess.run(["make", "-n", "run"], cwd=REPO, capture_output=True, text=True, check=True)
-    assert made.stdout.strip().splitlines()[-1].endswith("-m loadgen run")
+    assert _make_run_command("DEVICE=cuda").endswith("-m loadgen run --device cuda")
+    assert _make_run_command().endswith("-m loadgen run")
+
+
+def _make_run_command(*variables: str) -> str:
+    """The loadgen command `make run` would run (make -n), also when the test itself runs under make."""
+    env = {name: value for name, value in os.environ.items() if name not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    made = subprocess.run(["make", "-n", "--no-print-directory", "run", *variables], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return next(line for line in made.stdout.splitlines() if "-m loadgen run" in line).strip()
