@@ -103,6 +103,12 @@ def send_hostile(address: str, kind: str, duration_s: float) -> int:
 
 
 def test_hostile_text_does_not_delay_a_small_request(stub, tts):
+    assert_hostile_text_does_not_delay(stub, tts.address)
+
+
+def assert_hostile_text_does_not_delay(stub, address: str) -> None:
+    """A small request's first audio, while two other processes send hostile texts, stays within its normal p95
+    plus one engine step (the TTS backends' isolation tests share it)."""
     for _ in range(2):
         synthesize(stub, "Hi.", seed=1)  # warm
     normal = [synthesize(stub, "Hi.", seed=1) for _ in range(10)]
@@ -113,7 +119,7 @@ def test_hostile_text_does_not_delay_a_small_request(stub, tts):
     # Hostile clients in their own processes: building their requests here would slow the measuring client.
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
-        running = [pool.submit(send_hostile, tts.address, kind, 5.0) for kind in ("huge", "many")]
+        running = [pool.submit(send_hostile, address, kind, 5.0) for kind in ("huge", "many")]
         time.sleep(1.5)  # the workers start and begin sending
         during = [synthesize(stub, "Hi.", seed=1).arrivals[0] for _ in range(10)]
         assert all(future.result() for future in running)
