@@ -33,6 +33,7 @@ from services.tts.backend import WorkerDiedError
 from services.tts.metrics import TtsMetrics
 from voiceagent.serving.channel import Channel
 from voiceagent.serving.errors import QueueFull
+from voiceagent.serving.lifeline import start_process
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +115,11 @@ class Worker:
     """One model process and the parent's end of its channel."""
 
     def __init__(self, index: int, target: Callable, spec: Any, on_exit: Callable[[Worker], None] | None = None):
-        context = multiprocessing.get_context("spawn")  # fork would copy the parent's threads and torch state
+        context = multiprocessing.get_context("spawn")  # the worker is spawned (start_process): its Event must be too
         self.index = index
         self.sock, theirs = socket.socketpair()
         self.cancel = context.Event()
-        self.process = context.Process(
-            target=target, args=(spec, theirs, self.cancel), name=f"tts-worker-{index}", daemon=True
-        )
-        self.process.start()
+        self.process = start_process(target, (spec, theirs, self.cancel), name=f"tts-worker-{index}", daemon=True)
         theirs.close()
         self.channel: Channel | None = None
         self.job = 0

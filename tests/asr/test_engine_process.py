@@ -11,7 +11,8 @@ import grpc
 import pytest
 
 from tests.asr.client import hold_stream
-from tests.harness import child_processes, proc_stat, running_service, venv_python
+from tests.harness import child_processes, running_service, venv_python
+from tests.orphans import sigkill_leaves_no_orphans
 
 ARGS = ["--preset", "tiny", "--threads", "1", "--probe-ceilings", "false", "--grace-s", "2"]
 
@@ -20,13 +21,6 @@ def engine_pid(service_pid: int) -> int:
     """The service's engine process: its child started by multiprocessing's spawn (not the resource tracker)."""
     (pid,) = child_processes(service_pid, lambda command: b"spawn_main" in command)
     return pid
-
-
-def alive(pid: int) -> bool:
-    try:
-        return proc_stat(pid)[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_until(condition, timeout_s: float, what: str) -> None:
@@ -50,9 +44,8 @@ def test_a_dead_engine_fails_open_streams_with_unavailable_and_stops_the_service
         assert "failing 1 open streams" in service.output()
 
 
-def test_the_engine_process_exits_with_the_grpc_process():
-    with running_service("services.asr", venv_python("asr"), ARGS) as service:
-        engine = engine_pid(service.proc.pid)
-        service.proc.kill()  # no drain, no stop message: the engine sees its channel close
-        service.proc.wait()
-        wait_until(lambda: not alive(engine), 30, "the engine process outlived the gRPC process")
+@pytest.mark.parametrize("when", ["starting", "serving"])
+def test_the_engine_process_dies_with_the_grpc_process_even_by_sigkill(when):
+    """No drain, no stop message, also while the engine loads its model (voiceagent/serving/lifeline.py)."""
+    gone_s = sigkill_leaves_no_orphans("services.asr", venv_python("asr"), ARGS, when, lambda c: "spawn_main" in c)
+    print(f"every child gone {gone_s:.2f} s after SIGKILL ({when})")

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings, measure_ceilings
 from voiceagent.serving.channel import Channel
 from voiceagent.serving.config import ServingConfig
+from voiceagent.serving.lifeline import start_process
 
 log = logging.getLogger(__name__)
 
@@ -162,12 +163,10 @@ class Supervisor:
             ceilings = await asyncio.to_thread(measure_ceilings, self.config.device, self.dtype)
         handles = await asyncio.to_thread(self.launcher.start, self.count)
         config = dataclasses.replace(self.config, port=self.port, metrics_port=0)
-        context = multiprocessing.get_context("spawn")  # clean interpreters: no inherited threads or locks
         for index, handle in enumerate(handles):
             ours, theirs = socket.socketpair()
             spec = FrontendSpec(self.name, index, self.count, config, self.build, handle, ceilings)
-            process = context.Process(target=run_frontend, args=(spec, theirs), name=f"{self.name}-frontend-{index}")
-            process.start()
+            process = start_process(run_frontend, (spec, theirs), name=f"{self.name}-frontend-{index}")
             theirs.close()
             self.processes.append(process)
             channel = await Channel.open(ours)

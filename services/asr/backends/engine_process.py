@@ -51,6 +51,7 @@ from services.asr.config import AsrConfig
 from voiceagent.serving.channel import Channel
 from voiceagent.serving.errors import EngineUnavailable
 from voiceagent.serving.info import ModelFacts
+from voiceagent.serving.lifeline import start_process
 from voiceagent.serving.metrics import service_metrics
 
 log = logging.getLogger(__name__)
@@ -80,9 +81,7 @@ class EngineProcess:
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
         ours, theirs = socket.socketpair()
-        context = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or locks
-        self.process = context.Process(target=_engine_main, args=(self.config, theirs), name="asr-engine")
-        self.process.start()
+        self.process = start_process(_engine_main, (self.config, theirs), name="asr-engine")
         theirs.close()
         self.channel = await Channel.open(ours)
         self.ready = asyncio.get_running_loop().create_future()

@@ -55,6 +55,7 @@ from services.llm.backend import (
 from services.llm.config import PRESETS, LlmConfig
 from services.llm.model_shape import ModelShape
 from voiceagent.serving.info import ModelFacts
+from voiceagent.serving.lifeline import children_die_with_us
 from voiceagent.serving.metrics import service_metrics
 
 log = logging.getLogger(__name__)
@@ -212,6 +213,7 @@ class VllmGenerator:
 
             build = functools.partial(attach, self.config, self.attachment, EngineStepLogger)
         else:
+            children_die_with_us()  # vLLM starts its engine core: it dies with us (lifeline.py)
             build = functools.partial(
                 AsyncLLM.from_engine_args,
                 engine_args(self.config, stage_model_dir(self.config)),

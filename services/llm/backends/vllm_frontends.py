@@ -24,6 +24,7 @@ from services.llm.backends.vllm import VllmGenerator, engine_args, stage_model_d
 from services.llm.config import LlmConfig
 from services.llm.servicer import LlmService
 from voiceagent.serving.frontends import supervise
+from voiceagent.serving.lifeline import children_die_with_us
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class VllmEngineCore:
         except ImportError:  # older layout
             from vllm.v1.executor.abstract import Executor
 
+        children_die_with_us()  # the engine core dies with the supervisor, whatever kills it
         with self.lock:
             if self.stopped:
                 raise RuntimeError("stopped before the engine started")

@@ -45,6 +45,7 @@ from services.tts.metrics import tts_metrics
 from voiceagent.serving.channel import Channel
 from voiceagent.serving.errors import QueueFull
 from voiceagent.serving.info import ModelFacts
+from voiceagent.serving.lifeline import start_process
 from voiceagent.serving.metrics import service_metrics
 
 log = logging.getLogger(__name__)
@@ -83,9 +84,7 @@ class BatchedBackend:
         from importlib.metadata import version
 
         ours, theirs = socket.socketpair()
-        context = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or locks
-        self.process = context.Process(target=engine_main, args=(self.spec, theirs), name="tts-engine", daemon=True)
-        self.process.start()
+        self.process = start_process(engine_main, (self.spec, theirs), name="tts-engine", daemon=True)
         theirs.close()
         self.channel = await Channel.open(ours)
         self.ready = asyncio.get_running_loop().create_future()
