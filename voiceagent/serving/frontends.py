@@ -46,7 +46,7 @@ from typing import Any, Protocol
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings, measure_ceilings
 from voiceagent.serving.channel import Channel
 from voiceagent.serving.config import ServingConfig
-from voiceagent.serving.lifeline import start_process
+from voiceagent.serving.lifeline import start_process, stop_with_launcher
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +257,7 @@ class Supervisor:
 async def supervise(name: str, config: ServingConfig, count: int, launcher: EngineLauncher, build: ServiceFactory,
                     dtype: str) -> None:  # fmt: skip
     """Run `count` front ends of one engine until SIGTERM or SIGINT (or a death), then stop them all."""
+    stop_with_launcher()
     supervisor = Supervisor(name, config, count, launcher, build, dtype)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

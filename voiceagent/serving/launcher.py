@@ -3,7 +3,8 @@ stop it: the one launcher the load generator, the benchmarks, the results/ scrip
 
 A service prints `<name>: gRPC listening on HOST:PORT, metrics on URL` once bound (voiceagent/serving/server.py);
 ports are chosen by the OS (port 0), so launched services never collide with others. Output goes to a log file
-(a temporary one unless named), which is what failure messages quote.
+(a temporary one unless named), which is what failure messages quote. A service started here stops (SIGTERM: it
+drains) when the process that started it dies, however (voiceagent/serving/lifeline.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from voiceagent.serving.lifeline import launcher_env
 from voiceagent.serving.tls import PLAINTEXT, ClientTls, open_channel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +57,7 @@ class Process:
                 cwd=REPO,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **launcher_env(), **(env or {})},
             )
 
     @property

@@ -18,6 +18,9 @@ children are tied the same way, so a chain of processes unwinds from the top. Ou
 workers) gets the tied classes once `children_die_with_us` put them in multiprocessing's contexts. vLLM has no
 parent check of its own for the engine core (its workers watch the engine core through a pipe, but only once
 their model is loaded).
+
+A service the launcher (launcher.py: tests, benchmarks, the load generator) starts is told its launcher's pid in
+its environment and stops with it too (`stop_with_launcher`: SIGTERM, so it drains and stops its engine).
 """
 
 from __future__ import annotations
@@ -40,24 +43,24 @@ _PR_SET_PDEATHSIG = 1
 _tied_pid = 0  # the process that die_with_parent has tied (a forked child inherits the value: not it)
 
 
-def die_with_parent(parent_pid: int, parent_thread_is_main: bool) -> None:
-    """In a child process: be killed when `parent_pid` dies. `parent_thread_is_main`: the child was created by
-    the parent's main thread (then the kernel's parent-death signal is safe to use)."""
+def die_with_parent(parent_pid: int, parent_thread_is_main: bool, signum: int = signal.SIGKILL) -> None:
+    """In a child process: be sent `signum` when `parent_pid` dies. `parent_thread_is_main`: the child was created
+    by the parent's main thread (then the kernel's parent-death signal is safe to use)."""
     global _tied_pid
     _tied_pid = os.getpid()
     if parent_thread_is_main and sys.platform == "linux":
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+        if libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0:
             if os.getppid() != parent_pid:  # the parent died before the signal was armed
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signum)
             return
-    threading.Thread(target=_watch, args=(parent_pid,), name="parent-death-watch", daemon=True).start()
+    threading.Thread(target=_watch, args=(parent_pid, signum), name="parent-death-watch", daemon=True).start()
 
 
-def _watch(parent_pid: int) -> None:
+def _watch(parent_pid: int, signum: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(WATCH_S)
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signum)
 
 
 class _TieOnArrival:
@@ -113,3 +116,21 @@ def children_die_with_us() -> None:
     process, say), dies with it. Idempotent."""
     multiprocessing.get_context("spawn").Process = TiedSpawnProcess
     multiprocessing.get_context("fork").Process = TiedForkProcess
+
+
+# --- a service started by the launcher (tests, benchmarks, the load generator's runs and soak) ----------------
+LAUNCHER_ENV = "VOICEAGENT_STOP_WITH"
+
+
+def launcher_env() -> dict[str, str]:
+    """Environment for a service the launcher starts here: it stops when this process dies (`stop_with_launcher`)."""
+    return {LAUNCHER_ENV: f"{os.getpid()}:{int(threading.current_thread() is threading.main_thread())}"}
+
+
+def stop_with_launcher() -> None:
+    """In a service's main process: if a launcher started it, SIGTERM when the launcher dies (the service drains
+    and stops its engine; its children are tied to it). Read once and removed from the environment, so that the
+    service's own children are tied to the service, not to the launcher."""
+    if value := os.environ.pop(LAUNCHER_ENV, ""):
+        pid, main = value.split(":")
+        die_with_parent(int(pid), main == "1", signal.SIGTERM)

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings, measure_ceilings
 from voiceagent.serving.config import ServingConfig
+from voiceagent.serving.lifeline import stop_with_launcher
 from voiceagent.serving.metrics import RpcMetricsInterceptor, service_metrics, start_metrics_endpoint
 from voiceagent.serving.tls import server_credentials
 
@@ -180,5 +181,6 @@ async def serve(service: Service, config: ServingConfig) -> None:
 
 def run(service: Service, config: ServingConfig) -> None:
     """Entry point of `python -m services.<name>`."""
+    stop_with_launcher()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(service, config))
