@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -40,6 +41,9 @@ SERVICES = ("asr", "llm", "tts")
 TARGETS = ("asr", "llm", "tts", "voice")
 SAMPLE_EVERY_S = 5.0
 IDLE_WITHIN_S = 30.0  # busy gauges must read 0 within this long once the load stopped
+# The three services load at once, on a shared 2-core machine: at load average 35-86 the 3-minute soak once failed
+# because the LLM was not ready in time (its bounds were then 900 s per service and 1,080 s for the whole test).
+READY_TIMEOUT_S = 1500.0
 EXPECTED_CODES = ("OK", "CANCELLED")
 KNEE_SHARE = 0.7  # each target runs at about this share of its knee
 # Without a run to read knees from (or with --preset, whose knees no run measured): small fixed levels that the
@@ -262,8 +266,7 @@ def run_soak(args: argparse.Namespace) -> dict:
     sweeps: list[subprocess.Popen] = []
     disruptor = Disruptor(services, args.disrupt_every_s)
     try:
-        for service in services.values():
-            service.wait_serving(900)
+        ready_s = wait_all_serving(services, args.ready_timeout_s)
         for target in TARGETS:
             if concurrency := plan["levels"][target]["concurrency"]:
                 command = [sys.executable, "-m", "loadgen", "sweep", "--target", target,
@@ -284,7 +287,7 @@ def run_soak(args: argparse.Namespace) -> dict:
         disruptor.stop.set()
         disruptor.thread.join(120)
         time.sleep(3)  # the last cancelled or dropped streams are released
-        return _verdict(args, folder, services, sweeps, disruptor, footprints, plan)
+        return _verdict(args, folder, services, sweeps, disruptor, footprints, plan, ready_s)
     finally:
         disruptor.stop.set()
         for sweep in sweeps:
@@ -294,7 +297,24 @@ def run_soak(args: argparse.Namespace) -> dict:
             service.stop()
 
 
-def _verdict(args, folder, services, sweeps, disruptor, footprints, plan) -> dict:
+def wait_all_serving(services: dict[str, ServiceProcess], timeout_s: float) -> dict[str, float]:
+    """Until every service's health says SERVING (they load in parallel), under one deadline; how long each
+    took. A service that exits first or misses the deadline raises, naming it, its log and the load average."""
+    started, deadline, ready_s = time.monotonic(), time.monotonic() + timeout_s, {}
+    for name, service in services.items():
+        try:
+            service.wait_serving(max(1.0, deadline - time.monotonic()))
+        except (TimeoutError, RuntimeError) as error:
+            load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+            late_s = time.monotonic() - started
+            raise RuntimeError(f"soak: {name} not SERVING {late_s:.0f} s after the start (bound {timeout_s:g} s, "
+                               f"load average {load}); log {service.log}") from error  # fmt: skip
+        ready_s[name] = round(service.serving_at - service.started_at, 1)
+        print(f"soak: {name} SERVING after {ready_s[name]} s", flush=True)
+    return ready_s
+
+
+def _verdict(args, folder, services, sweeps, disruptor, footprints, plan, ready_s) -> dict:
     problems: list[str] = []
     sweep_errors = {}
     for results in sorted((folder / "sweeps").glob("*/results.json")):
@@ -307,7 +327,7 @@ def _verdict(args, folder, services, sweeps, disruptor, footprints, plan) -> dic
         problems.append(f"only {len(sweep_errors)} of {len(sweeps)} sweeps wrote results (see sweep-*.log)")
     report: dict = {"duration_s": args.duration_s, "levels": plan["levels"], "from_run": plan["run"],
                     "presets": plan["presets"], "workload": plan["workload"],
-                    "disruptions": disruptor.counts, "services": {}}  # fmt: skip
+                    "disruptions": disruptor.counts, "ready_s": ready_s, "services": {}}  # fmt: skip
     problems += disruptor.failures
     for name, service in services.items():
         codes = _rpc_codes(service.metrics_url, name)
@@ -359,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rss-mb-per-h", type=float, default=50.0, help="bound on resident memory growth")
     parser.add_argument("--max-fd-growth", type=int, default=8, help="bound on open descriptors gained")
     parser.add_argument("--reports", type=Path, default=Path("reports"), help="folder the soak's folder goes in")
+    parser.add_argument("--ready-timeout-s", type=float, default=READY_TIMEOUT_S,
+                        help="bound on the three services' start-up (health SERVING), together")  # fmt: skip
     report = run_soak(parser.parse_args(argv))
     printed = json.loads(json.dumps(report))
     for service in printed["services"].values():
