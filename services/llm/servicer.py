@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import logging
 import uuid
+from pathlib import Path
 
 import grpc
 
@@ -28,6 +31,11 @@ from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_MESSAGE_BYTES = 64 << 20
 REST_OF_REQUEST_BYTES = 1 << 20  # request id, sampling (stop strings) and framing, beside a prompt at its limit
+# Before the engine loads, max_prompt_bytes is bounded with this many bytes per token: twice Qwen3's longest token
+# (128 bytes). The gRPC receive limit is set from it (message_limits), the exact bound once the tokenizer is read.
+TOKEN_BYTES_BOUND = 256
+
+log = logging.getLogger(__name__)
 FIELDS = {1: "request_id", 2: "prompt.text", 3: "prompt.chat", 4: "prompt.token_ids", 5: "sampling"}
 FINISH_REASONS = {
     "stop": llm_pb2.FINISH_REASON_STOP,
@@ -240,6 +248,11 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
             generator.max_model_len,
             self.config.max_prompt_bytes or derived or MAX_MESSAGE_BYTES,
         )
+        largest_legal = self.prompt_limits.max_prompt_bytes + REST_OF_REQUEST_BYTES
+        known = self.prompt_limits.max_prompt_bytes < MAX_MESSAGE_BYTES
+        if known and largest_legal > getattr(self, "max_receive_bytes", MAX_MESSAGE_BYTES):
+            log.warning("a legal request may reach %d bytes, past the gRPC receive limit %d: set --max-prompt-bytes",
+                        largest_legal, self.max_receive_bytes)  # fmt: skip
         self.ready = True
 
     @property
@@ -254,11 +267,29 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
             lost(why)
 
     def message_limits(self) -> tuple[int, int]:
-        """gRPC receive and send limits in bytes. Receive: 64 MiB, far above any prompt that fits, so an
-        oversized prompt still reaches the check that names max_prompt_bytes (decided on its length, before any
-        tokenising; receiving costs the event loop ~1 ms per MB); past 64 MiB gRPC answers RESOURCE_EXHAUSTED
-        itself. Send: deltas are a few tokens."""
-        return MAX_MESSAGE_BYTES, 4 << 20
+        """gRPC receive and send limits in bytes, fixed before the engine loads. Receive: twice the largest legal
+        request (max_prompt_bytes, bounded with TOKEN_BYTES_BOUND per token of max_model_len, + 1 MiB for the
+        rest), as the ASR and TTS services do: a request somewhat over it still reaches the check that names
+        max_prompt_bytes; a larger one gets gRPC's own RESOURCE_EXHAUSTED ("Received message larger than max")
+        before our process copies it. gRPC's copy of a 32 MB message into bytes held the event loop 30-300 ms on
+        this machine, every stream's tokens waiting (results/cpu/README.md). 64 MiB where no bound is known
+        before start (a remote engine, a model named by its hub id). Send: deltas are a few tokens."""
+        self.max_receive_bytes = MAX_MESSAGE_BYTES
+        if bound := self.config.max_prompt_bytes or self._max_model_len_before_start() * TOKEN_BYTES_BOUND:
+            self.max_receive_bytes = min(MAX_MESSAGE_BYTES, 2 * (bound + REST_OF_REQUEST_BYTES))
+        return self.max_receive_bytes, 4 << 20
+
+    def _max_model_len_before_start(self) -> int:
+        """max_model_len as configured, or the model's own from its config.json; 0 where neither is known here."""
+        config = self.config
+        if config.remote:
+            return 0
+        if config.max_model_len:
+            return config.max_model_len
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            facts = json.loads((Path(config.model_dir) / "config.json").read_text())
+            return int(facts.get("text_config", facts)["max_position_embeddings"])
+        return 0
 
     async def stop(self) -> None:
         self.ready = False

@@ -26,6 +26,8 @@ from voiceagent.v1 import llm_pb2, llm_pb2_grpc
 MAX_MODEL_LEN = 512  # TEST_ARGS
 QWEN3_LONGEST_TOKEN_BYTES = 128
 MAX_PROMPT_BYTES = MAX_MODEL_LEN * QWEN3_LONGEST_TOKEN_BYTES
+# services/llm/servicer.py message_limits: twice the largest legal request, bounded at 256 bytes per token.
+MAX_RECEIVE_BYTES = 2 * (MAX_MODEL_LEN * 256 + (1 << 20))
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +54,25 @@ def _small(stub) -> tuple[float, list[float]]:
     return arrivals[0] - started, [later - earlier for earlier, later in zip(arrivals, arrivals[1:], strict=False)]
 
 
-@pytest.mark.parametrize("megabytes", [8, 32])
-def test_an_oversized_text_prompt_is_refused_at_once_naming_the_limit(stub, megabytes):
+def test_an_oversized_text_prompt_is_refused_at_once_naming_the_limit(stub):
+    size = MAX_PROMPT_BYTES + (1 << 20) + 1000  # larger than any legal request, within the receive limit
     started = time.perf_counter()
     with pytest.raises(grpc.RpcError) as error:
-        generate(stub, text="x" * (megabytes << 20))
+        generate(stub, text="x" * size)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"max_prompt_bytes {MAX_PROMPT_BYTES}" in error.value.details()
     # Refused unparsed (servicer.OversizedRequest): named from the wire's length prefixes, exact to the byte.
-    assert f"prompt.text: {megabytes << 20} bytes in a request of" in error.value.details()
+    assert f"prompt.text: {size} bytes in a request of" in error.value.details()
+    assert time.perf_counter() - started < 2.0
+
+
+@pytest.mark.parametrize("megabytes", [8, 32])
+def test_a_message_past_the_receive_limit_is_refused_by_grpc_before_our_process_copies_it(stub, megabytes):
+    started = time.perf_counter()
+    with pytest.raises(grpc.RpcError) as error:
+        generate(stub, text="x" * (megabytes << 20))
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert f"vs. {MAX_RECEIVE_BYTES}" in error.value.details(), error.value.details()  # gRPC names both sizes
     assert time.perf_counter() - started < 2.0  # sending 32 MB over loopback included
 
 
@@ -105,12 +117,15 @@ def test_a_long_prompt_that_fits_is_tokenised_whole_and_served(stub):
     assert 0 < responses[-1].completion.usage.prompt_tokens <= MAX_MODEL_LEN - 4
 
 
+def hostile_client_ready(_: int) -> int:
+    """Run in each hostile client process before measuring: by then it has imported this module (torch and
+    transformers, through the conftest: seconds of CPU that landed in the measured window before)."""
+    time.sleep(0.5)  # so that each of the two workers takes one
+    return os.getpid()
+
+
 def send_hostile(address: str, kind: str, duration_s: float) -> int:
     """Send one kind of hostile prompt for `duration_s`; each must be refused. Returns how many were sent."""
-    # At the lowest priority: on a 2-core machine two clients building and sending 32 MB prompts back to back
-    # would otherwise take the cores from the service and the measuring client, and the test would measure the
-    # clients' CPU use instead of what the service lets a hostile request do to a small one.
-    os.nice(19)
     text = "z" * (32 << 20) if kind == "huge" else "word " * (MAX_PROMPT_BYTES // 5 - 1)
     options = [("grpc.max_send_message_length", 64 << 20)]
     sent, deadline = 0, time.monotonic() + duration_s
@@ -120,7 +135,8 @@ def send_hostile(address: str, kind: str, duration_s: float) -> int:
             try:
                 generate(stub, text=text)
             except grpc.RpcError as error:
-                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+                refused = grpc.StatusCode.RESOURCE_EXHAUSTED if kind == "huge" else grpc.StatusCode.INVALID_ARGUMENT
+                assert error.code() == refused, error.details()
                 sent += 1
     return sent
 
@@ -138,22 +154,28 @@ def test_hostile_prompts_do_not_delay_a_small_request(stub, llm):
     p95 = statistics.quantiles(normal, n=20)[-1]
     engine_step = statistics.median(gaps)
 
-    # Hostile clients in their own processes: building and sending 32 MB in this one would slow the
-    # measuring client, not the service.
+    # Hostile clients in their own processes: building and sending 32 MB in this one would slow the measuring
+    # client, not the service. At the lowest priority: on a 2-core machine two clients building and sending 32 MB
+    # prompts back to back would otherwise take the cores from the service and the measuring client, and the test
+    # would measure the clients' CPU use instead of what the service lets a hostile request do to a small one.
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context, initializer=os.nice, initargs=(19,)) as pool:
+        assert len(set(pool.map(hostile_client_ready, range(2)))) == 2, "both hostile clients up"
         running = [pool.submit(send_hostile, llm.address, kind, 6.0) for kind in ("huge", "just-under")]
-        time.sleep(2.0)  # the workers start and begin sending
-        during = [_small(stub)[0] for _ in range(10)]
+        time.sleep(1.0)  # they begin sending
+        during = [_small(stub)[0] for _ in range(20)]
         hostile_sent = [future.result() for future in running]
     assert all(hostile_sent), f"hostile requests refused per client: {hostile_sent}"
-    # The issue's target is normal p95 + one engine step. On a 2-core machine it is not met: the service's own
-    # refusal work (receiving 32 MB messages, tokenising prompts just under the byte limit) shares the cores
-    # with the engine, and a concurrent small request's TTFT median measured 20-45 ms against a 19-22 ms target
-    # (results/cpu/README.md). What this asserts is that nothing stalls: before the limits, an 8 MB prompt held
-    # a small request's first token for 8 s.
+    # The issue's target is normal p95 + one engine step. On the shared 2-core machine the median met it in 2 of 3
+    # runs and missed by 7 % in the third (2026-12-04, load average ~3: medians 14.4, 16.2, 11.6 ms against 13.4,
+    # 17.0, 16.7 ms), so it is asserted with a factor 2 for the machine's noise; the p95s, measured over 45 samples
+    # per condition, are in results/cpu/llm_hostile_ttft_2026-12-04/ (there the LLM's gRPC receive limit took the
+    # p95 with both hostile kinds from 94.7 to 22.7 ms). Before the hostile clients imported this module ahead of
+    # the measured window (torch and transformers, at nice 0), the median read 2.2x, 3.1x and 5.2x in 3 of 4 runs.
     target = p95 + engine_step
-    assert statistics.median(during) <= 4 * target, (
+    print(f"normal p95 {p95 * 1000:.1f} ms + step {engine_step * 1000:.1f} ms = {target * 1000:.1f} ms; under hostile "
+          f"prompts median {statistics.median(during) * 1000:.1f} ms, max {max(during) * 1000:.1f} ms")  # fmt: skip
+    assert statistics.median(during) <= 2 * target, (
         f"small request TTFT under hostile prompts: median {statistics.median(during) * 1000:.1f} ms, "
         f"normal p95 {p95 * 1000:.1f} ms + one engine step {engine_step * 1000:.1f} ms = {target * 1000:.1f} ms"
     )
