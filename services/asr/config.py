@@ -90,6 +90,13 @@ class AsrConfig(ServingConfig):
             "--cuda-graphs (implied by it on a CUDA device)"
         },
     )
+    graph_first_steps: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "give a stream's first step (its first chunk, from empty caches) padded steps / graphs too "
+            "(false: first steps run eagerly, as a short last chunk does)"
+        },
+    )
     graph_chunks: str = dataclasses.field(
         default="",
         metadata={"help": "comma-separated chunk sizes (ms) to give padded steps / graphs (empty: all)"},

@@ -49,5 +49,10 @@ def load_in_process(config: AsrConfig) -> RecognizerBackend:
 
     cuda_graphs = config.cuda_graphs and str(config.device).startswith("cuda")
     return CacheAwareBackend(
-        model, padded_steps=config.padded_steps, cuda_graphs=cuda_graphs, graph_chunks=config.graph_chunk_ms, **common
+        model,
+        padded_steps=config.padded_steps,
+        cuda_graphs=cuda_graphs,
+        graph_chunks=config.graph_chunk_ms,
+        graph_first_steps=config.graph_first_steps,
+        **common,
     )
