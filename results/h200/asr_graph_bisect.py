@@ -12,6 +12,7 @@ streams' token ids (graphs must give the eager path's tokens). Variants:
   before-first   the same, first steps only
   fixed        the current code: one pool per padded step, the backend's own capture stream, cuBLAS
                workspaces released before and after capture, graphs never destroyed
+  fixed-steady the same, steady steps only (--graph-first-steps false)
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main() -> None:
     config = AsrConfig(
         preset=args.preset, device=args.device, dtype="bfloat16", max_streams=args.max_streams,
         max_batch_streams=args.max_streams, graph_chunks=str(CHUNK_MS), threads=args.threads,
+        graph_first_steps=variant != "fixed-steady",
         cuda_graphs=variant not in ("eager", "padded"), padded_steps=variant != "eager",
     )  # fmt: skip
     started = time.perf_counter()
@@ -89,7 +91,7 @@ def main() -> None:
     if variant.startswith("before"):
         first_steps = {"before": (False, True), "before-steady": (False,), "before-first": (True,)}[variant]
         backend.prepare_padded_steps = lambda: capture_as_before(backend, first_steps)
-    elif variant not in ("fixed", "eager", "padded"):
+    elif variant not in ("fixed", "fixed-steady", "eager", "padded"):
         raise SystemExit(f"unknown variant {variant}")
 
     async def run():

@@ -75,12 +75,11 @@ class AsrConfig(ServingConfig):
         },
     )
     cuda_graphs: bool = dataclasses.field(
-        default=False,
+        default=True,
         metadata={
-            "help": "on a CUDA device, capture each chunk size's steady cache-aware step (encoder + greedy decoding) "
-            "as CUDA graphs, one per batch-size bucket 1, 2, 4, ... --max-batch-streams, at start-up "
-            "(ignored on the CPU). Off by default: in the H200 main job (results/h200/README.md section 0) the "
-            "first step on the captured graphs hit a CUDA illegal memory access; eager until that is fixed"
+            "help": "on a CUDA device, capture each chunk size's first and steady cache-aware steps (encoder + "
+            "greedy decoding) as CUDA graphs, one per batch-size bucket 1, 2, 4, ... 64, 128, ... "
+            "--max-batch-streams, at start-up (ignored on the CPU)"
         },
     )
     padded_steps: bool = dataclasses.field(
