@@ -15,6 +15,7 @@ from voiceagent.serving.config import ServingConfig, require
 PRESETS = Path(__file__).resolve().parent / "presets"
 BACKENDS = ("cache-aware", "buffered")
 DTYPES = ("float32", "bfloat16")
+STEP_POLICIES = ("ready", "clocked")
 
 
 def preset_names() -> list[str]:
@@ -34,6 +35,14 @@ class AsrConfig(ServingConfig):
     )
     max_streams: int = dataclasses.field(default=64, metadata={"help": "concurrent streams (cache slots)"})
     max_batch_streams: int = dataclasses.field(default=64, metadata={"help": "streams per batched encoder step"})
+    step_policy: str = dataclasses.field(
+        default="ready",
+        metadata={
+            "help": "when a chunk size's streams step: 'ready' (as soon as some have a whole chunk, after up to "
+            "--batch-wait-fraction of a chunk for others) or 'clocked' (once per chunk period, every ready stream "
+            "in one batch, phase-aligned; streams fed faster than real time catch up at once)"
+        },
+    )
     batch_wait_fraction: float = dataclasses.field(
         default=0.25,
         metadata={"help": "wait up to this fraction of a chunk for more streams to batch (0 = step at once)"},
@@ -125,6 +134,11 @@ class AsrConfig(ServingConfig):
         require(self.max_batch_streams >= 1, "max_batch_streams", f"must be >= 1, got {self.max_batch_streams}")
         require(
             0 <= self.batch_wait_fraction <= 1, "batch_wait_fraction", f"must be 0..1, got {self.batch_wait_fraction}"
+        )
+        require(
+            self.step_policy in STEP_POLICIES,
+            "step_policy",
+            f"must be one of {list(STEP_POLICIES)}, got {self.step_policy!r}",
         )
         require(self.join_window_ms >= 0, "join_window_ms", f"must be >= 0, got {self.join_window_ms}")
         require(self.max_offline_audio_s > 0, "max_offline_audio_s", f"must be > 0, got {self.max_offline_audio_s}")

@@ -40,6 +40,7 @@ def load_in_process(config: AsrConfig) -> RecognizerBackend:
         join_window_ms=config.join_window_ms,
         offline_pass_s=config.offline_pass_s,
         offline_slice_ms=config.offline_slice_ms,
+        step_policy=config.step_policy,
     )
     if config.backend == "buffered":
         from services.asr.backends.nemo_buffered import BufferedBackend
