@@ -40,6 +40,13 @@ async def clocked_loop(backend, chunk_ms: int) -> None:
     tick: float | None = None  # the next tick (loop time); None while the clock is stopped
     while True:
         streams = backend.streams[chunk_ms]
+        for stream in streams:  # all audio stepped: the final hypothesis needs no step, so no tick either
+            if (
+                stream.closed
+                and not (stream.finished or stream.in_step)
+                and stream.mel_available() == stream.mel_consumed
+            ):
+                backend._finish(stream)
         late = [stream for stream in streams if backend._ready(stream) and behind(backend, stream)]
         if late:
             await backend._step_streams(late, every_batch=True)
