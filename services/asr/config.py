@@ -83,6 +83,13 @@ class AsrConfig(ServingConfig):
             "share an interpreter lock with gRPC (false: one process, steps in a worker thread)"
         },
     )
+    frontends: int = dataclasses.field(
+        default=1,
+        metadata={
+            "help": "gRPC front-end processes on one engine process, sharing the port (SO_REUSEPORT); each admits "
+            "its share of --max-streams (1 = one gRPC process)"
+        },
+    )
     cuda_graphs: bool = dataclasses.field(
         default=True,
         metadata={
@@ -139,6 +146,12 @@ class AsrConfig(ServingConfig):
             self.step_policy in STEP_POLICIES,
             "step_policy",
             f"must be one of {list(STEP_POLICIES)}, got {self.step_policy!r}",
+        )
+        require(1 <= self.frontends <= 64, "frontends", f"must be 1..64, got {self.frontends}")
+        require(
+            self.frontends == 1 or (self.engine_process and self.max_streams >= self.frontends),
+            "frontends",
+            "several front ends need --engine-process true and at least one stream slot each",
         )
         require(self.join_window_ms >= 0, "join_window_ms", f"must be >= 0, got {self.join_window_ms}")
         require(self.max_offline_audio_s > 0, "max_offline_audio_s", f"must be > 0, got {self.max_offline_audio_s}")
