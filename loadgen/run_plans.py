@@ -1,8 +1,8 @@
 """What the main job runs on each device: the services' presets and flags, the sweeps and the workload.
 
 `cpu` is the 2-core default (`make run`); `cuda` is one GPU (`make run DEVICE=cuda`): the published shapes with
-synthetic weights — LLM qwen3-8b on vLLM, ASR nemotron-0.6b in bfloat16 (eager: its CUDA graphs are off by
-default, services/asr/config.py), TTS voxcpm2 on the batched engine with its step as CUDA graphs — sharing the
+synthetic weights — LLM qwen3-8b on vLLM, ASR nemotron-0.6b in bfloat16 with its first and steady 320 ms steps
+as CUDA graphs, TTS voxcpm2 on the batched engine with its step as CUDA graphs — sharing the
 GPU's memory, and sweeps wide enough to cross each ridge, with Locust workers so that the load generator is
 never what limits a level.
 """

@@ -119,6 +119,45 @@ def asr_step_figures() -> dict:
     return {"source": source, "chunk_ms": 320, "buckets": rows}
 
 
+ASR_LEVEL = re.compile(
+    r"^LEVEL\s+(\d+) streams (\w+)\s*: RTF ([\d.]+|nan), (\d+) steps of ([\d.]+) streams, "
+    r"mean step ([\d.]+) ms(, FAILED.*)?$",
+    re.M,
+)
+ASR_BISECT = re.compile(r"^RESULT (\S+) (ok|failed)", re.M)
+
+
+def asr_graph_fix_figures() -> dict:
+    """The graph crash of the main job (issue 17): capture set-ups run side by side (ok / failed per run), and
+    the service with graphs vs eager at fixed stream counts (320 ms, nemotron-0.6b, bf16)."""
+    folder = RAW / "asr_graph_fix"
+    runs: dict = {}
+    for name in ("asr_graph_bisect.txt", "asr_graph_bisect_2.txt", "asr_graph_bisect_3.txt"):
+        summary = (folder / name).read_text().split("\n---", 1)[0]  # the RESULT lines; the tails repeat them
+        for line in summary.splitlines():
+            if match := ASR_BISECT.match(line):
+                variant, outcome = match.groups()
+                if variant == "fixed-steady" and "'first': 7" in line:  # call 2: the flag was not applied yet
+                    variant = "fixed"
+                runs.setdefault(variant, {"ok": 0, "failed": 0})[outcome] += 1
+    levels = [
+        {
+            "streams": int(streams), "path": path, "rtf": None if rtf == "nan" else float(rtf), "steps": int(steps),
+            "streams_per_step": float(per_step), "mean_step_ms": float(step_ms), "failed": bool(failed),
+        }
+        for streams, path, rtf, steps, per_step, step_ms, failed in ASR_LEVEL.findall(
+            (folder / "asr_graph_levels.txt").read_text()
+        )
+    ]  # fmt: skip
+    return {
+        "source": "asr_graph_fix/",
+        "bisect_runs": runs,
+        "levels_source": "asr_graph_fix/asr_graph_levels.txt",
+        "chunk_ms": 320,
+        "levels": levels,
+    }
+
+
 def tts_figures() -> dict:
     """Per mode: concurrency-1 first audio and RTF (one entry per run) and throughput rows by workers."""
     figures = {}
@@ -304,6 +343,7 @@ def main() -> None:
         "ceilings": device_ceilings(),
         "asr": asr_figures(),
         "asr_step_graphs": asr_step_figures(),
+        "asr_graph_fix": asr_graph_fix_figures(),
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "llm": llm_figures(),

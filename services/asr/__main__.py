@@ -5,4 +5,9 @@ from voiceagent.serving.server import run
 
 if __name__ == "__main__":
     config = load_config(AsrConfig, "ASR")
-    run(AsrService(config), config)
+    if config.frontends > 1:
+        from services.asr.backends.engine_frontends import serve_frontends
+
+        serve_frontends(config)
+    else:
+        run(AsrService(config), config)

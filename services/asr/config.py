@@ -15,6 +15,7 @@ from voiceagent.serving.config import ServingConfig, require
 PRESETS = Path(__file__).resolve().parent / "presets"
 BACKENDS = ("cache-aware", "buffered")
 DTYPES = ("float32", "bfloat16")
+STEP_POLICIES = ("ready", "clocked")
 
 
 def preset_names() -> list[str]:
@@ -34,6 +35,14 @@ class AsrConfig(ServingConfig):
     )
     max_streams: int = dataclasses.field(default=64, metadata={"help": "concurrent streams (cache slots)"})
     max_batch_streams: int = dataclasses.field(default=64, metadata={"help": "streams per batched encoder step"})
+    step_policy: str = dataclasses.field(
+        default="ready",
+        metadata={
+            "help": "when a chunk size's streams step: 'ready' (as soon as some have a whole chunk, after up to "
+            "--batch-wait-fraction of a chunk for others) or 'clocked' (once per chunk period, every ready stream "
+            "in one batch, phase-aligned; streams fed faster than real time catch up at once)"
+        },
+    )
     batch_wait_fraction: float = dataclasses.field(
         default=0.25,
         metadata={"help": "wait up to this fraction of a chunk for more streams to batch (0 = step at once)"},
@@ -74,13 +83,19 @@ class AsrConfig(ServingConfig):
             "share an interpreter lock with gRPC (false: one process, steps in a worker thread)"
         },
     )
-    cuda_graphs: bool = dataclasses.field(
-        default=False,
+    frontends: int = dataclasses.field(
+        default=1,
         metadata={
-            "help": "on a CUDA device, capture each chunk size's steady cache-aware step (encoder + greedy decoding) "
-            "as CUDA graphs, one per batch-size bucket 1, 2, 4, ... --max-batch-streams, at start-up "
-            "(ignored on the CPU). Off by default: in the H200 main job (results/h200/README.md section 0) the "
-            "first step on the captured graphs hit a CUDA illegal memory access; eager until that is fixed"
+            "help": "gRPC front-end processes on one engine process, sharing the port (SO_REUSEPORT); each admits "
+            "its share of --max-streams (1 = one gRPC process)"
+        },
+    )
+    cuda_graphs: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "on a CUDA device, capture each chunk size's first and steady cache-aware steps (encoder + "
+            "greedy decoding) as CUDA graphs, one per batch-size bucket 1, 2, 4, ... 64, 128, ... "
+            "--max-batch-streams, at start-up (ignored on the CPU)"
         },
     )
     padded_steps: bool = dataclasses.field(
@@ -88,6 +103,13 @@ class AsrConfig(ServingConfig):
         metadata={
             "help": "run steady steps on padded batch-size buckets in static buffers, eagerly: the CPU twin of "
             "--cuda-graphs (implied by it on a CUDA device)"
+        },
+    )
+    graph_first_steps: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "give a stream's first step (its first chunk, from empty caches) padded steps / graphs too "
+            "(false: first steps run eagerly, as a short last chunk does)"
         },
     )
     graph_chunks: str = dataclasses.field(
@@ -119,6 +141,17 @@ class AsrConfig(ServingConfig):
         require(self.max_batch_streams >= 1, "max_batch_streams", f"must be >= 1, got {self.max_batch_streams}")
         require(
             0 <= self.batch_wait_fraction <= 1, "batch_wait_fraction", f"must be 0..1, got {self.batch_wait_fraction}"
+        )
+        require(
+            self.step_policy in STEP_POLICIES,
+            "step_policy",
+            f"must be one of {list(STEP_POLICIES)}, got {self.step_policy!r}",
+        )
+        require(1 <= self.frontends <= 64, "frontends", f"must be 1..64, got {self.frontends}")
+        require(
+            self.frontends == 1 or (self.engine_process and self.max_streams >= self.frontends),
+            "frontends",
+            "several front ends need --engine-process true and at least one stream slot each",
         )
         require(self.join_window_ms >= 0, "join_window_ms", f"must be >= 0, got {self.join_window_ms}")
         require(self.max_offline_audio_s > 0, "max_offline_audio_s", f"must be > 0, got {self.max_offline_audio_s}")

@@ -20,6 +20,8 @@ def test_presets_are_kept_in_the_repository():
         (["--backend", "magic"], "--backend / ASR_BACKEND"),
         (["--max-streams", "0"], "--max-streams / ASR_MAX_STREAMS"),
         (["--dtype", "float16"], "--dtype / ASR_DTYPE"),
+        (["--step-policy", "sometimes"], "--step-policy / ASR_STEP_POLICY"),
+        (["--frontends", "2", "--engine-process", "false"], "--frontends / ASR_FRONTENDS"),
         (["--model-path", "/nonexistent.nemo"], "--model-path / ASR_MODEL_PATH"),
     ],
 )

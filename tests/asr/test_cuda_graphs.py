@@ -1,6 +1,7 @@
-"""CUDA graphs on vs off (GPU only): the captured steady step gives the transcripts and encoder outputs of
-the eager step. On the CPU these are skipped; tests/asr/test_padded_steps.py checks the same padded path
-(bucket choice, padding rows, slot mapping) there."""
+"""CUDA graphs on vs off (GPU only): the captured first and steady steps give the transcripts and encoder
+outputs of the eager step, also after a long Recognize stepped in its offline lane. On the CPU these are
+skipped; tests/asr/test_padded_steps.py checks the same padded path (bucket choice, padding rows, slot
+mapping) there, and tests/asr/test_graph_inputs.py that what a step reads stays alive and in place."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from tests.asr.client import clip, config, metric, recorded, streams_together, stub
 from tests.harness import running_service, venv_python
-from voiceagent.v1 import common_pb2
+from voiceagent.v1 import asr_pb2, common_pb2
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -81,6 +82,7 @@ def test_graphs_equal_eager(services, chunk_ms):
     info = stub(running["graphs"]).GetInfo(common_pb2.InfoRequest(), timeout=10)
     assert info.limits["cuda_graphs"] == 1 and info.limits["graph_capture_s"] > 0
     assert info.limits["cuda_graphs_captured"] == 5 * 2 * 4  # chunk sizes x (first, steady) x buckets 1, 2, 4, 8
+    assert info.limits["graph_first_steps"] == 1
     before = metric(running["graphs"], "voiceagent_asr_padded_step_rows_total", chunk_ms=str(chunk_ms))
     results = _run(record_dir, running, chunk_ms, [2.0, 3.1, 2.6, 1.5, 3.1])  # 5 streams: bucket 8
     assert metric(running["graphs"], "voiceagent_asr_padded_step_rows_total", chunk_ms=str(chunk_ms)) > before
@@ -96,3 +98,18 @@ def test_graphs_equal_eager(services, chunk_ms):
         if name == "padded":  # the same kernels at the same shapes: identical
             assert [o[1] for o in outputs] == [o[1] for o in graphs_out]
         assert text == graphs_text
+
+
+def test_graphs_after_a_long_recognize_still_equal_eager(services):
+    """A Recognize longer than --offline-pass-s is stepped in the offline lane (slot max_streams, next to the
+    scratch slot of padding rows) between live steps; streams stepped on graphs afterwards still give the
+    eager transcripts, and so does the clip."""
+    record_dir, running = services
+    audio = clip(6.0, seed=90)
+    texts = {}
+    for name in ("graphs", "eager"):
+        request = asr_pb2.RecognizeRequest(config=config(320, request_id=f"{name}-long"), audio=audio.tobytes())
+        texts[name] = stub(running[name]).Recognize(request, timeout=120).transcript
+    assert texts["graphs"] == texts["eager"]
+    after = _run(record_dir, {name: running[name] for name in ("graphs", "eager")}, 320, [1.9, 2.6, 3.1])
+    assert after["graphs"][0] == after["eager"][0]

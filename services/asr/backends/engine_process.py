@@ -60,8 +60,11 @@ log = logging.getLogger(__name__)
 class EngineProcess:
     """A RecognizerBackend whose model runs in a child process."""
 
-    def __init__(self, config: AsrConfig):
+    def __init__(self, config: AsrConfig, attached: socket.socket | None = None):
+        """`attached`: this front end's socket to an engine process started by others (`--frontends`), instead
+        of a child process of its own."""
         self.config = config
+        self.attached = attached
         self.name = ""  # the engine's backend name, known once it is ready
         self.chunk_ms_choices: tuple[int, ...] = ()
         self._facts: ModelFacts | None = None
@@ -80,9 +83,12 @@ class EngineProcess:
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
-        ours, theirs = socket.socketpair()
-        self.process = start_process(_engine_main, (self.config, theirs), name="asr-engine")
-        theirs.close()
+        if self.attached is not None:
+            ours = self.attached
+        else:
+            ours, theirs = socket.socketpair()
+            self.process = start_process(_engine_main, (self.config, [theirs]), name="asr-engine")
+            theirs.close()
         self.channel = await Channel.open(ours)
         self.ready = asyncio.get_running_loop().create_future()
         self.receiver = asyncio.create_task(self._receive())
@@ -189,8 +195,11 @@ class EngineProcess:
             self.ready.set_exception(EngineUnavailable(f"the ASR engine failed to start: {message.message}"))
 
     async def _engine_lost(self) -> None:
-        await asyncio.to_thread(self.process.join, 5)
-        self.failure = f"the ASR engine process exited (code {self.process.exitcode})"
+        if self.process is not None:
+            await asyncio.to_thread(self.process.join, 5)
+            self.failure = f"the ASR engine process exited (code {self.process.exitcode})"
+        else:
+            self.failure = "the ASR engine process is gone (its channel closed)"
         if not self.started:  # start() raises: the service fails to start, nothing to drain
             if not self.ready.done():
                 self.ready.set_exception(EngineUnavailable(self.failure))
@@ -220,37 +229,48 @@ class _Forwarded:
         return lambda *args: self.channel.send(MetricCall(self.name, self.label_values, method, args))
 
 
-def _engine_main(config: AsrConfig, sock: socket.socket) -> None:
+def _engine_main(config: AsrConfig, socks: list[socket.socket]) -> None:
+    """The engine process: one model for the gRPC processes at the other ends of `socks` (one, or one per
+    front end with `--frontends`)."""
     # SIGINT from a terminal reaches the whole process group; the gRPC process drains and then stops this one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s (engine): %(message)s")
-    asyncio.run(_serve_engine(config, sock))
+    asyncio.run(_serve_engine(config, socks))
 
 
-async def _serve_engine(config: AsrConfig, sock: socket.socket) -> None:
+async def _serve_engine(config: AsrConfig, socks: list[socket.socket]) -> None:
     from services.asr.backends.in_process import load_in_process
 
-    channel = await Channel.open(sock)
+    channels = [await Channel.open(sock) for sock in socks]
+    # Metric calls go to the first gRPC process; with several, their registries are merged (multiprocess mode).
     for name in metrics.FORWARDED:  # before the backend looks any of them up
-        setattr(metrics, name, _Forwarded(channel, name))
+        setattr(metrics, name, _Forwarded(channels[0], name))
     try:
         backend = await asyncio.to_thread(load_in_process, config)
-        backend.work = _Forwarded(channel, "work")
+        backend.work = _Forwarded(channels[0], "work")
         await backend.start()
     except Exception as exc:
         log.exception("the ASR engine failed to start")
-        channel.send(StartFailed(f"{type(exc).__name__}: {exc}"))
-        await channel.close()
+        for channel in channels:
+            channel.send(StartFailed(f"{type(exc).__name__}: {exc}"))
+            await channel.close()
         return
     gc.freeze()  # as the gRPC process does after start-up: keep the collector off the model's objects
-    channel.send(EngineReady(backend.name, backend.chunk_ms_choices, backend.facts(), dict(backend.limits())))
-    engine = _Engine(backend, channel)
-    while (messages := await channel.receive()) is not None:
+    ready = EngineReady(backend.name, backend.chunk_ms_choices, backend.facts(), dict(backend.limits()))
+    for channel in channels:
+        channel.send(ready)
+    await asyncio.gather(*(_serve_channel(_Engine(backend, channel)) for channel in channels))
+    await backend.stop()  # every gRPC process has stopped it or is gone
+
+
+async def _serve_channel(engine: _Engine) -> None:
+    """One gRPC process's streams and Recognize calls, until it stops the engine or goes away."""
+    while (messages := await engine.channel.receive()) is not None:
         for message in messages:
             if isinstance(message, StopEngine):
                 await engine.stop()
-                await channel.close()
+                await engine.channel.close()
                 return
             engine.dispatch(message)
     await engine.stop()  # the gRPC process is gone
@@ -317,8 +337,8 @@ class _Engine:
         self.channel.send(Transcribed(request_id, result))
 
     async def stop(self) -> None:
+        """End this channel's streams and Recognize calls (the backend is stopped once all channels are done)."""
         running = [*self.tasks.values(), *self.transcribing.values()]
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-        await self.backend.stop()

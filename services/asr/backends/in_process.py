@@ -40,6 +40,7 @@ def load_in_process(config: AsrConfig) -> RecognizerBackend:
         join_window_ms=config.join_window_ms,
         offline_pass_s=config.offline_pass_s,
         offline_slice_ms=config.offline_slice_ms,
+        step_policy=config.step_policy,
     )
     if config.backend == "buffered":
         from services.asr.backends.nemo_buffered import BufferedBackend
@@ -49,5 +50,10 @@ def load_in_process(config: AsrConfig) -> RecognizerBackend:
 
     cuda_graphs = config.cuda_graphs and str(config.device).startswith("cuda")
     return CacheAwareBackend(
-        model, padded_steps=config.padded_steps, cuda_graphs=cuda_graphs, graph_chunks=config.graph_chunk_ms, **common
+        model,
+        padded_steps=config.padded_steps,
+        cuda_graphs=cuda_graphs,
+        graph_chunks=config.graph_chunk_ms,
+        graph_first_steps=config.graph_first_steps,
+        **common,
     )

@@ -37,12 +37,23 @@ class CacheAwareBackend(BatchingBackend):
     name = "nemo-cache-aware"
     with_cache = True
 
-    def __init__(self, model, *args, padded_steps: bool = False, cuda_graphs: bool = False, graph_chunks=(), **kwargs):
+    def __init__(
+        self,
+        model,
+        *args,
+        padded_steps: bool = False,
+        cuda_graphs: bool = False,
+        graph_chunks=(),
+        graph_first_steps: bool = True,
+        **kwargs,
+    ):
         super().__init__(model, *args, **kwargs)
-        # Steady steps on padded batches in static buffers (captured as CUDA graphs with `cuda_graphs`), for
-        # the chunk sizes in `graph_chunks` (all when empty); built after warm-up (`prepare_padded_steps`).
+        # Steady steps (and with `graph_first_steps` first steps) on padded batches in static buffers (captured
+        # as CUDA graphs with `cuda_graphs`), for the chunk sizes in `graph_chunks` (all when empty); built
+        # after warm-up (`prepare_padded_steps`).
         self.padded_steps = padded_steps or cuda_graphs
         self.cuda_graphs = cuda_graphs
+        self.graph_first_steps = graph_first_steps
         self.graph_chunks = tuple(graph_chunks) or self.chunk_ms_choices
         self.padded: dict[tuple[int, bool], PaddedStep] = {}  # (chunk_ms, first step) -> its padded step
         self.capture_s = 0.0
@@ -71,12 +82,13 @@ class CacheAwareBackend(BatchingBackend):
         """Static buffers (and with CUDA graphs, one graph per batch-size bucket) for each chunk size."""
         started = time.perf_counter()
         buckets = buckets_up_to(self.max_batch_streams)
-        pool = None
+        # One warm-up and one capture stream for all (kept as long as the graphs); one graph pool per step.
+        streams = (torch.cuda.Stream(), torch.cuda.Stream()) if self.cuda_graphs else None
         for chunk_ms in self.graph_chunks:
-            for first in (False, True):
-                step = PaddedStep(self, chunk_ms, first, buckets, self.slot_count, self.cuda_graphs, pool)
+            for first in (False, True) if self.graph_first_steps else (False,):
+                step = PaddedStep(self, chunk_ms, first, buckets, self.slot_count, self.cuda_graphs, streams=streams)
                 self.padded[chunk_ms, first] = step
-                pool = step.pool
+        self.graph_streams = streams
         self.capture_s = time.perf_counter() - started
         log.info(
             "padded steps for %s ms, buckets %s, %s in %.1f s",
@@ -93,6 +105,7 @@ class CacheAwareBackend(BatchingBackend):
             "cuda_graphs": float(self.cuda_graphs),
             "graph_capture_s": round(self.capture_s, 1),
             "cuda_graphs_captured": float(sum(len(step.graphs) for step in self.padded.values())),
+            "graph_first_steps": float(self.graph_first_steps),
         }
 
     def _pool(self, left: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -32,6 +32,7 @@ from services.asr import metrics
 from services.asr.backend import OfflineResult, RecognitionUpdate, StreamSettings
 from services.asr.engine import fastconformer as fc
 from services.asr.engine import features
+from services.asr.engine.clocked import clocked_loop
 from services.asr.engine.greedy import GreedyDecoder
 from services.asr.engine.stream import GroupResult, Stream, record_encoder_output
 from voiceagent.serving.info import ModelFacts
@@ -70,6 +71,7 @@ class BatchingBackend:
         join_window_ms: float = 0.0,
         offline_pass_s: float = float("inf"),
         offline_slice_ms: float = 50.0,
+        step_policy: str = "ready",
     ):
         self.model = model
         self.source = source
@@ -80,6 +82,7 @@ class BatchingBackend:
         self.join_window_s = join_window_ms / 1000
         self.offline_pass_samples = offline_pass_s * features.SAMPLE_RATE
         self.offline_slice_s = offline_slice_ms / 1000
+        self.step_policy = step_policy  # "ready" (as streams become ready) or "clocked" (engine/clocked.py)
         self.slot_count = max_streams + OFFLINE_LANES  # the last OFFLINE_LANES slots step long offline clips
         self.record_dir = Path(record_dir) if record_dir else None
         self.shape = fc.encoder_shape(model)
@@ -168,6 +171,7 @@ class BatchingBackend:
             "join_window_ms": self.join_window_s * 1000,
             "offline_pass_s": self.offline_pass_samples / features.SAMPLE_RATE,
             "offline_slice_ms": self.offline_slice_s * 1000,
+            "clocked_steps": float(self.step_policy == "clocked"),
         }
 
     # --- streams -----------------------------------------------------------------------------------------
@@ -285,37 +289,49 @@ class BatchingBackend:
         return min(held) if held else None
 
     async def _batch_loop(self, chunk_ms: int) -> None:
+        if self.step_policy == "clocked":
+            return await clocked_loop(self, chunk_ms)
         wake = self.wake[chunk_ms]
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), self._hold_left(chunk_ms))
             wake.clear()
             while ready := await self._gather_ready(chunk_ms):
-                exhausted = [s for s in ready if s.closed and s.mel_available() == s.mel_consumed]
-                for stream in exhausted:
-                    self._finish(stream)
-                groups: dict[tuple, list[Stream]] = {}
-                for stream in ready:
-                    if not stream.finished:
-                        groups.setdefault(self.group_key(stream), []).append(stream)
-                for group in groups.values():
-                    batch = sorted(group[: self.max_batch_streams], key=lambda stream: stream.slot)
-                    for stream in batch:
-                        stream.in_step = True
-                    try:
-                        async with self.device_lock:
-                            updates = await _finish_holding(asyncio.to_thread(self._step, batch))
-                    except Exception as exc:  # an engine failure fails these streams, not the service
-                        updates = [exc] * len(batch)
-                    for stream, update in zip(batch, updates, strict=True):
-                        stream.in_step = False
-                        if stream.abandoned:
-                            self._release(stream)
-                        elif isinstance(update, BaseException):
-                            stream.finished = True
-                            stream.updates.put_nowait(update)
-                        else:
-                            self._deliver(stream, update)
+                await self._step_streams(ready)
+
+    async def _step_streams(self, ready: list[Stream], every_batch: bool = False) -> None:
+        """Finish the exhausted streams of `ready` and step the rest: one batch (of up to `max_batch_streams`)
+        per group of streams that can share a call; with `every_batch`, all of each group's batches."""
+        exhausted = [s for s in ready if s.closed and s.mel_available() == s.mel_consumed]
+        for stream in exhausted:
+            self._finish(stream)
+        groups: dict[tuple, list[Stream]] = {}
+        for stream in ready:
+            if not stream.finished:
+                groups.setdefault(self.group_key(stream), []).append(stream)
+        for group in groups.values():
+            starts = range(0, len(group), self.max_batch_streams) if every_batch else [0]
+            for start in starts:
+                await self._step_batch(group[start : start + self.max_batch_streams])
+
+    async def _step_batch(self, streams: list[Stream]) -> None:
+        batch = sorted(streams, key=lambda stream: stream.slot)
+        for stream in batch:
+            stream.in_step = True
+        try:
+            async with self.device_lock:
+                updates = await _finish_holding(asyncio.to_thread(self._step, batch))
+        except Exception as exc:  # an engine failure fails these streams, not the service
+            updates = [exc] * len(batch)
+        for stream, update in zip(batch, updates, strict=True):
+            stream.in_step = False
+            if stream.abandoned:
+                self._release(stream)
+            elif isinstance(update, BaseException):
+                stream.finished = True
+                stream.updates.put_nowait(update)
+            else:
+                self._deliver(stream, update)
 
     def _deliver(self, stream: Stream, update: RecognitionUpdate) -> None:
         self.chunk_latency[stream.settings.chunk_ms].observe(update.processing_latency_s)

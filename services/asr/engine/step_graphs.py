@@ -12,9 +12,18 @@ and leaves one small table [bucket, 1 + tokens] of token counts and ids: the ste
 
 A batch of B streams runs the smallest bucket (1, 2, 4, ... 64, then multiples of 64, ... max) holding it;
 rows B.. are padding that read and write a scratch slot no stream owns, so they never touch a stream's
-state and their outputs are dropped. Buckets are captured largest first into one shared memory pool:
-replays are serialised by the device lock, so their workspaces may overlap. Without CUDA (`graphs=False`)
-the same function runs eagerly on the same padded buffers: the CPU twin the tests check.
+state and their outputs are dropped. A step's buckets are captured largest first into one memory pool of
+their own (replays are serialised by the device lock, so their workspaces may overlap); each padded step
+(first or steady, per chunk size) has its own pool. Without CUDA (`graphs=False`) the same function runs
+eagerly on the same padded buffers: the CPU twin the tests check.
+
+Graph hygiene (the H200 main job's first replay hit an illegal memory access, results/h200/README.md): a
+replay reads raw addresses, so everything a graph reads must outlive it unmoved. The static buffers, the
+slot pools and the positional table are checked by tests/asr/test_padded_steps.py; cuBLAS keeps one
+workspace per (handle, stream) outside any graph, which a graph then embeds. So captures run on the
+backend's own capture stream, cuBLAS's cached workspaces are dropped before and after capturing (the
+capture then allocates its workspace in its own pool, as torch's cudagraph trees do), and graphs are never
+destroyed while the service runs (destroying one drops the workspace of its stream, which others share).
 """
 
 from __future__ import annotations
@@ -28,6 +37,15 @@ log = logging.getLogger(__name__)
 
 
 FINE_STEP = 64  # past 64 rows, buckets are multiples of 64
+
+
+def release_blas_workspaces() -> None:
+    """Drop cuBLAS's cached per-(handle, stream) workspaces (after a synchronize): a capture that follows then
+    allocates its workspace inside its own graph pool, and no eager call inherits one that a graph embeds."""
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def buckets_up_to(largest: int) -> list[int]:
@@ -54,8 +72,18 @@ class PaddedStep:
     """One chunk size's steady step over padded batches: static inputs, per-bucket graphs (or eager)."""
 
     def __init__(
-        self, backend, chunk_ms: int, first: bool, buckets: list[int], scratch_slot: int, graphs: bool, pool=None
+        self,
+        backend,
+        chunk_ms: int,
+        first: bool,
+        buckets: list[int],
+        scratch_slot: int,
+        graphs: bool,
+        pool=None,
+        streams: tuple | None = None,
     ):
+        """`pool`: a graph pool to share (None: one of its own); `streams`: (warm-up, capture) CUDA streams (None:
+        a side stream and torch's default capture stream)."""
         model = backend.model
         self.encoder = model.encoder
         self.decoder = backend.decoder  # GreedyDecoder: pooled predictor state by slot
@@ -83,11 +111,12 @@ class PaddedStep:
         self.signal_length = torch.full((largest,), self.width, dtype=torch.long, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.retired: list = []  # graphs no longer replayed, kept alive (see the module docstring)
         self.lengths = None  # encoder output lengths of the last set-up run
         self.frames = 0  # encoder frames per row of a steady step (known at set-up: no sync per step)
         self.positions = None  # the positional table the graphs read (NeMo replaces it if audio outgrows it)
         self.capture_s = 0.0
-        self._prepare(graphs, pool)
+        self._prepare(graphs, pool, streams)
 
     # --- the step as a function of the static buffers ---------------------------------------------------
     def _forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,8 +175,8 @@ class PaddedStep:
 
     # --- set-up -----------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _prepare(self, graphs: bool, pool) -> None:
-        """Learn the steady step's frame count; with `graphs`, capture every bucket (largest first)."""
+    def _prepare(self, graphs: bool, pool, streams) -> None:
+        """Learn the step's frame count; with `graphs`, capture every bucket (largest first)."""
         started = time.perf_counter()
         self.encoder.set_default_att_context_size(self.context)
         self.slots.fill_(self.scratch_slot)  # set-up runs touch only the scratch slot
@@ -157,27 +186,36 @@ class PaddedStep:
             raise ValueError(f"a padded {self.chunk_ms} ms step yields {self.lengths.tolist()} of {self.frames} frames")
         self.positions = self.encoder.pos_enc.pe
         if graphs:
-            side = torch.cuda.Stream()
+            side, capture = streams or (torch.cuda.Stream(), None)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for bucket in reversed(self.buckets):
                     for _ in range(2):  # warm-up on a side stream: cuDNN/cuBLAS pick their kernels first
                         self._forward(bucket)
             torch.cuda.current_stream().wait_stream(side)
+            if streams is not None:
+                release_blas_workspaces()
             try:
                 for bucket in reversed(self.buckets):
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                    with torch.cuda.graph(graph, pool=pool, stream=capture, capture_error_mode="thread_local"):
                         self.outputs[bucket] = self._forward(bucket)
                     self.graphs[bucket] = graph
                     pool = graph.pool()
                 torch.cuda.synchronize()
             except RuntimeError:  # serve eagerly on the same padded buffers rather than not at all
                 log.exception("capturing the %s %d ms step failed: it runs eagerly", self.kind, self.chunk_ms)
-                self.graphs.clear()
-                self.outputs.clear()
+                self.retire()
+            if streams is not None:
+                release_blas_workspaces()
         self.pool = pool
         self.capture_s = time.perf_counter() - started
+
+    def retire(self) -> None:
+        """Stop replaying this step's graphs (it runs eagerly from now on) without destroying them."""
+        self.retired += self.graphs.values()
+        self.graphs = {}
+        self.outputs = {}
 
     @property
     def kind(self) -> str:
@@ -197,7 +235,7 @@ class PaddedStep:
             log.warning(
                 "the encoder's positional table was replaced (a long offline clip): graphs off for %d ms", self.chunk_ms
             )
-            self.graphs.clear()
+            self.retire()
             graph = None
         if graph is not None:
             graph.replay()

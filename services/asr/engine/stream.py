@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import os
 import re
 import threading
 import time
@@ -91,4 +92,7 @@ def record_encoder_output(
     frames = np.concatenate(encoded) if encoded else np.zeros((0, width), np.float32)
     record_dir.mkdir(parents=True, exist_ok=True)
     path = record_dir / f"{_SAFE_ID.sub('_', name)}.{kind}.npz"
-    np.savez(path, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64))
+    partial = path.with_suffix(".partial")  # written whole, then renamed: a reader never sees half a file
+    with open(partial, "wb") as file:
+        np.savez(file, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64))
+    os.replace(partial, path)
