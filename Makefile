@@ -49,7 +49,7 @@ SOAK_S ?= 1800
 soak: setup ## start the services, load all three and the voice turn with cancels and disconnects for SOAK_S (30 min), check nothing leaks
 	@$(DEV) -m loadgen.soak --duration-s $(SOAK_S) $(ARGS)
 
-test: ## set up if needed, then lint and run every test suite, timing each stage
+test: ## set up if needed, lint, run every test suite and the compose stage (COMPOSE_TEST=0: without it), timing each
 	@tools/test.sh
 
 compose-test: setup ## build the images for real and test the compose stack (installs/starts docker.io if missing)

@@ -37,6 +37,8 @@ LOADGEN_CPU_WARNING = 0.8
 # Closed-loop users each keep one request in flight: fewer in flight on average than this share of the offered
 # concurrency means the generator, not the service, held them back (or requests failed fast).
 ACHIEVED_WARNING = 0.8
+# A metrics endpoint that has not answered in this long is recorded as not scraped for the level.
+SCRAPE_TIMEOUT_S = 10.0
 
 
 @dataclasses.dataclass
@@ -224,12 +226,26 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _scrape_all(target: str, workload: Workload) -> dict[str, dict[str, float]]:
-    return {service: scrape.scrape(workload.endpoints.metrics_url(service)) for service in SERVICES[target]}
+def _scrape_all(target: str, workload: Workload) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Every metrics endpoint of the target: (samples by service, why each endpoint that failed did). A replica
+    saturated on its CPU share may not answer within the timeout: its counters go missing, the sweep goes on."""
+    samples, failed = {}, {}
+    for service in SERVICES[target]:
+        url = workload.endpoints.metrics_url(service)
+        try:
+            samples[service] = scrape.scrape(url, SCRAPE_TIMEOUT_S)
+        except (OSError, ValueError) as error:  # timeouts, refused connections, HTTP errors, unparsable text
+            failed[service] = f"{url}: {type(error).__name__}: {error}"
+    return samples, failed
 
 
 def _server_counters(target: str, before, after, duration_s: float) -> ServerCounters:
-    parts = {service: scrape.counters(service, before[service], after[service], duration_s) for service in before}
+    """Counter rates of the services scraped both before and after the level (none where a scrape failed)."""
+    parts = {
+        service: scrape.counters(service, before[service], after[service], duration_s)
+        for service in before
+        if service in after
+    }
     if len(parts) == 1:
         return next(iter(parts.values()))
     return scrape.sum_counters(parts) if parts else ServerCounters()
@@ -271,7 +287,7 @@ def run_sweep(plan: SweepPlan, workload: Workload, out_dir: Path, progress: Call
             progress(f"{plan.target}: concurrency {concurrency}: warming up {plan.warmup_s:g} s")
             runner.start(concurrency)
             gevent.sleep(plan.warmup_s)
-            before = _scrape_all(plan.target, workload)
+            before, scrape_failed = _scrape_all(plan.target, workload)
             window_start = time.time()
             cpu.read()
             _measure(plan, sink, window_start)
@@ -279,7 +295,9 @@ def run_sweep(plan: SweepPlan, workload: Workload, out_dir: Path, progress: Call
             runner.drain(plan.drain_timeout_s)
             duration_s = time.time() - window_start
             loadgen_cpu, machine_cpu = cpu.read()
-            server = _server_counters(plan.target, before, _scrape_all(plan.target, workload), duration_s)
+            after, failed_after = _scrape_all(plan.target, workload)
+            scrape_failed.update(failed_after)
+            server = _server_counters(plan.target, before, after, duration_s)
             measured = sink.take(window_start, window_end)
             level = level_result(plan.target, concurrency, measured, duration_s, server, loadgen_cpu)
             # Little's law over the window: requests started per second × their mean time in flight.
@@ -287,6 +305,14 @@ def run_sweep(plan: SweepPlan, workload: Workload, out_dir: Path, progress: Call
             level.extra["achieved_concurrency"] = sum(record.latency_s for record in measured) / window_s
             level.extra.update(machine_cpu_cores=machine_cpu, loadgen_processes=float(1 + plan.workers),
                                loadgen_busiest_process_cores=cpu.busiest)  # fmt: skip
+            if scrape_failed:
+                level.extra["metrics_scrape_failures"] = float(len(scrape_failed))
+                warnings += [
+                    f"concurrency {concurrency}: {service}'s metrics were not scraped ({why}): its server counters "
+                    "are missing at this level"
+                    for service, why in scrape_failed.items()
+                ]
+                progress(f"{plan.target}: concurrency {concurrency}: not scraped: {'; '.join(scrape_failed.values())}")
             warnings += _self_check(level, plan)
             level.stopped_early = saturated(level, plan) if plan.stop_early else ""
             levels.append(level)

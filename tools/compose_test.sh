@@ -7,7 +7,8 @@
 #   3. a wheelhouse filled once with `pip wheel` from this machine's pip configuration (its CPU torch wheel) ->
 #      deploy/docker/wheelhouse/, so the builds install offline and never resolve CUDA torch;
 #   4. the four images (asr, llm, tts on CPU; loadgen) with PYTHON_IMAGE=$BASE_IMAGE, and Prometheus from
-#      Debian's package; docker's layer cache makes a second run rebuild only what changed;
+#      Debian's package: the runtime stage they share (torch + serving requirements) once, then all five in
+#      parallel; docker's layer cache makes a second run rebuild only what changed;
 #   5. tests/compose (pytest): the stack up, health, a sweep from the loadgen container, Prometheus targets and
 #      dashboard queries, three TTS replicas behind dns:/// round_robin, down.
 # Every step is timed; `COMPOSE_TEST_STEPS="engine base wheels images"` runs a subset (tools/test.sh runs all).
@@ -94,7 +95,9 @@ wheels() {
 pip_wheel() {  # pip wheel into the wheelhouse; its output only when it fails
     local log
     log=$(mktemp)
-    if ! .venv/dev/bin/python -m pip wheel -q --wheel-dir "$WHEELHOUSE" "$@" >"$log" 2>&1; then
+    # --find-links on the wheelhouse itself: a wheel an earlier requirements file brought (torch, numpy, grpcio...)
+    # is taken from there, not fetched again; pip's own cache serves what `make setup` downloaded.
+    if ! .venv/dev/bin/python -m pip wheel -q --wheel-dir "$WHEELHOUSE" --find-links "$WHEELHOUSE" "$@" >"$log" 2>&1; then
         grep -v "is ignored" "$log" >&2
         rm -f "$log"
         return 1
@@ -115,12 +118,22 @@ build() {  # build NAME DOCKERFILE TAG [ARGS...]
 }
 
 images() {
+    # The runtime stage every image shares (torch and the serving requirements) first, alone, so the four builds
+    # find it in the layer cache; then the four images and Prometheus at once: each only adds its own packages,
+    # and one build's pip unpacking overlaps another's layer commit.
+    build runtime deploy/docker/loadgen/Dockerfile voiceagent-local/runtime:cpu --target runtime --build-arg DEVICE=cpu
+    local pids=() failed=0
     for service in asr llm tts; do
-        build "$service" "deploy/docker/$service/Dockerfile" "voiceagent/$service:cpu" --build-arg DEVICE=cpu
+        build "$service" "deploy/docker/$service/Dockerfile" "voiceagent/$service:cpu" --build-arg DEVICE=cpu &
+        pids+=($!)
     done
-    build loadgen deploy/docker/loadgen/Dockerfile voiceagent/loadgen:0.1.0
+    build loadgen deploy/docker/loadgen/Dockerfile voiceagent/loadgen:0.1.0 &
+    pids+=($!)
     build prometheus deploy/monitoring/prometheus/Dockerfile voiceagent-local/prometheus:debian \
-        --build-arg DEBIAN_IMAGE="$BASE_IMAGE"
+        --build-arg DEBIAN_IMAGE="$BASE_IMAGE" &
+    pids+=($!)
+    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+    return $failed
 }
 
 tests() {

@@ -28,8 +28,9 @@ OUT = REPO / "reports" / PROJECT
 SWEEP = ["--concurrency", "1,2", "--duration-s", "4", "--warmup-s", "1", "--timeout-s", "60"]
 WORKLOAD = {"asr": ["--utterance-s", "2"], "llm": ["--prompt-tokens", "16", "--output-tokens", "8"],
             "tts": ["--text-words", "8"]}  # fmt: skip
-# The capacity sweep: past one replica's knee, and past three's.
-CAPACITY_LEVELS = {1: "1,2,4,8", 3: "1,2,4,8,16,24"}
+# The capacity sweeps, at the same concurrency per replica: one replica at C, three at 3C (the batched engine's
+# throughput grows with its batch, so replicas are compared at equal load each).
+CAPACITY_LEVELS = {1: "1,2,4,8", 3: "3,6,12,24"}
 CAPACITY_SWEEP = ["--duration-s", "12", "--warmup-s", "2", "--timeout-s", "120", "--text-words", "8"]
 
 
@@ -101,6 +102,69 @@ def prometheus_query(compose: Compose, expr: str) -> list[dict]:
         body = json.load(response)
     assert body["status"] == "success", body
     return body["data"]["result"]
+
+
+def busiest_processes(count: int = 8) -> list[str]:
+    """What the machine was doing: the processes with the most CPU (ps's lifetime %CPU), for the record."""
+    ps = subprocess.run(["ps", "-eo", "pcpu,etimes,comm", "--sort=-pcpu", "--no-headers"], capture_output=True,
+                        text=True, check=False)  # fmt: skip
+    return [" ".join(line.split()) for line in ps.stdout.splitlines()[:count]]
+
+
+OTHERS_QUIET_CORES = 0.6
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every core; /proc/stat's first line, less idle and iowait)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuUse:
+    """CPU the replicas' containers used over a sweep, and how often their CPU limit throttled them, from their
+    cgroups (v1 cgroupfs as Debian's docker.io sets up, or v2): whether the replicas got their quota."""
+
+    def __init__(self, containers: list[str]):
+        self.containers = containers
+        self.started = time.monotonic()
+        self.start = {container: cgroup_cpu(container) for container in containers}
+        self.machine = machine_busy_s()
+
+    def read(self) -> dict:
+        wall = time.monotonic() - self.started
+        end = {container: cgroup_cpu(container) for container in self.containers}
+        machine = (machine_busy_s() - self.machine) / wall
+        if any(value is None for value in [*self.start.values(), *end.values()]):
+            return {"unavailable": "no readable cgroup for a container", "machine_cores_mean": round(machine, 3)}
+        used = {c: end[c]["cpu_s"] - self.start[c]["cpu_s"] for c in self.containers}
+        return {
+            "wall_s": round(wall, 1),
+            # the load generator's container, dockerd, Prometheus and everything outside docker
+            "machine_cores_mean": round(machine, 3),
+            "other_cores_mean": round(machine - sum(used.values()) / wall, 3),
+            "cores_used_mean": {c[:12]: round(used[c] / wall, 3) for c in self.containers},
+            "throttled_periods_share": {
+                c[:12]: round((end[c]["throttled"] - self.start[c]["throttled"])
+                              / max(end[c]["periods"] - self.start[c]["periods"], 1), 3)
+                for c in self.containers
+            },
+        }  # fmt: skip
+
+
+def cgroup_cpu(container: str) -> dict | None:
+    """CPU seconds used and CFS periods (throttled, total) of a container, or None where no cgroup is readable."""
+    v1 = Path("/sys/fs/cgroup/cpu/docker") / container
+    v2 = Path("/sys/fs/cgroup/system.slice") / f"docker-{container}.scope"
+    try:
+        if v1.is_dir():
+            stat = dict(line.split() for line in (v1 / "cpu.stat").read_text().splitlines())
+            cpu_s = int((Path("/sys/fs/cgroup/cpuacct/docker") / container / "cpuacct.usage").read_text()) / 1e9
+        else:
+            stat = dict(line.split() for line in (v2 / "cpu.stat").read_text().splitlines())
+            cpu_s = int(stat["usage_usec"]) / 1e6
+        return {"cpu_s": cpu_s, "throttled": int(stat["nr_throttled"]), "periods": int(stat["nr_periods"])}
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def replica_requests(container: str) -> float:
@@ -204,41 +268,57 @@ def test_three_tts_replicas_share_a_round_robin_sweep(compose, request):
     through dns:///tts:50053 reaches every replica within ±20 % of the mean, and the capacity rises."""
     if not os.environ.get("COMPOSE_TEST_UP"):
         request.getfixturevalue("swept")  # after the short sweeps (the whole stack); else on its own
+        compose("stop", "asr", "llm")  # done with: their idle engines would take CPU from the measurement
     compose.wait_healthy("tts", 1)
     load_before = os.getloadavg()[0]
+    busy_before = busiest_processes()
+    (first,) = compose.containers("tts")
+    cpu = CpuUse([first])
     one = capacity(compose.sweep("tts", "--concurrency", CAPACITY_LEVELS[1], *CAPACITY_SWEEP))
+    one_cpu = cpu.read()
     compose("up", "-d", "--no-build", "--no-recreate", "--scale", "tts=3", "tts")
     compose.wait_healthy("tts", 3)
     replicas = compose.containers("tts")
     before = {container: replica_requests(container) for container in replicas}
+    cpu = CpuUse(replicas)
     three = capacity(compose.sweep("tts", "--concurrency", CAPACITY_LEVELS[3], *CAPACITY_SWEEP))
+    three_cpu = cpu.read()
     served = {container: replica_requests(container) - before[container] for container in replicas}
     mean = sum(served.values()) / len(served)
     measured = {
         "command": "make compose-test (tests/compose/test_stack.py::test_three_tts_replicas_share_a_round_robin_sweep)",
         "sweep": ["sweep", "--target", "tts", "--tts", "dns:///tts:50053", *CAPACITY_SWEEP],
-        "cpu_cores": os.cpu_count(), "cpus_per_replica": float(os.environ.get("TTS_CPUS", "0.5")),
+        "cpu_cores": os.cpu_count(), "cpus_per_replica": float(os.environ.get("TTS_CPUS", "0.4")),
         "load_average_1m": {"before": load_before, "after": os.getloadavg()[0]},
+        "busiest_processes_before": busy_before, "busiest_processes_after": busiest_processes(),
         "one_replica": one, "three_replicas": three,
+        "replica_cpu": {"one_replica": one_cpu, "three_replicas": three_cpu},
         "requests_per_replica": served, "spread_vs_mean": {c: round(n / mean - 1, 3) for c, n in served.items()},
         "capacity_ratio_knee": three["knee_audio_s_per_s"] / one["knee_audio_s_per_s"],
         "capacity_ratio_best": three["best_audio_s_per_s"] / one["best_audio_s_per_s"],
+        "capacity_ratio_per_replica_level": {
+            c: round(three["levels"][3 * c] / one["levels"][c], 3) for c in one["levels"] if 3 * c in three["levels"]
+        },
     }  # fmt: skip
     (OUT / "tts_scale.json").write_text(json.dumps(measured, indent=2))
     print("\n" + json.dumps(measured, indent=2))
     assert one["errors"] == 0 and three["errors"] == 0
     assert all(abs(n / mean - 1) <= 0.2 for n in served.values()), f"uneven spread: {served}"
-    # Each replica has half a core (compose.test.yaml), so three have 1.5 of the machine's 2: on a machine with
-    # those cores free, capacity must rise well past one replica's. Where other processes keep the cores busy
-    # (load average above the core count), the replicas cannot get their quota and the ratio measures that
-    # load instead: it is recorded and reported, not asserted. With TTS_CPUS=2 the bound is the two cores.
+    # Each replica has 0.4 of a core and one torch thread (compose.test.yaml), the one-replica baseline too: three
+    # take 1.2 of the machine's 2 cores and leave the load generator the rest, so on a machine with those cores
+    # free the capacity must reach 2.5x one replica's. Where other processes kept the cores busy before the sweeps
+    # (load average above the core count), the replicas cannot get their quota and the ratio measures that load
+    # instead: it is recorded and reported (with the busiest processes), not asserted.
+    # What else ran is read from the machine's CPU time less the replicas' own: more than OTHERS_QUIET_CORES
+    # (the load generator's and the system's share of the spare 0.8) and the replicas competed for their quota.
     cores = os.cpu_count() or 1
-    quiet = max(measured["load_average_1m"].values()) <= cores
+    others = max(measured["replica_cpu"][k].get("other_cores_mean", cores) for k in ("one_replica", "three_replicas"))
+    quiet = load_before <= cores and others <= OTHERS_QUIET_CORES
     if measured["cpus_per_replica"] * 3 <= cores * 0.75 and quiet:
-        assert measured["capacity_ratio_best"] >= 2.0, measured
+        assert measured["capacity_ratio_best"] >= 2.5, measured
     elif not quiet:
-        print(f"capacity ratio {measured['capacity_ratio_best']:.2f} not asserted: load average "
-              f"{max(measured['load_average_1m'].values()):.1f} on {cores} cores")  # fmt: skip
+        print(f"capacity ratio {measured['capacity_ratio_best']:.2f} not asserted: load average {load_before:.1f} "
+              f"on {cores} cores before the sweeps, {others:.2f} cores used by others during them")  # fmt: skip
 
 
 def test_down_leaves_nothing_behind(compose, swept):

@@ -15,7 +15,8 @@ from tests.deploy.test_llm_openai import with_component
 from tests.deploy.test_tls_component import with_tls
 from tests.deploy.tools import DEPLOY, K8S, OVERLAYS, REPO, kustomize, with_components
 
-CHECKOV = REPO / ".venv" / "checkov" / "bin" / "checkov"
+# Its python, not the bin/checkov script: a venv's scripts name the path it was built at in their #! line.
+CHECKOV = REPO / ".venv" / "checkov" / "bin" / "python"
 CONFIG = DEPLOY / "checkov.yaml"
 # What a careless Deployment looks like: root, privileged, no probes, no limits.
 CARELESS = {
@@ -51,8 +52,8 @@ def results(tmp_path_factory) -> dict[str, list[dict]]:
     (careless / "careless.yaml").write_text(yaml.safe_dump(CARELESS))
     images = (DEPLOY / "docker", DEPLOY / "monitoring" / "prometheus")  # the compose test's Prometheus image too
     folders = [arg for folder in (rendered, careless, *images) for arg in ("-d", str(folder))]
-    command = [str(CHECKOV), "--config-file", str(CONFIG), "--framework", "kubernetes", "dockerfile", *folders,
-               "--output", "json", "--quiet"]  # fmt: skip
+    command = [str(CHECKOV), "-m", "checkov.main", "--config-file", str(CONFIG), "--framework", "kubernetes",
+               "dockerfile", *folders, "--output", "json", "--quiet"]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode in (0, 1), result.stdout[-2000:] + result.stderr[-2000:]
     failed: dict[str, list[dict]] = {"rendered": [], "careless": [], "docker": []}

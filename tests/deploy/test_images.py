@@ -85,3 +85,35 @@ def test_hadolint_rejects_an_unpinned_root_image(tmp_path):
     dockerfile.write_text("FROM python:latest\nRUN apt-get install curl\n")
     result = run(tool("hadolint"), str(dockerfile))
     assert result.returncode == 1 and "DL3007" in result.stdout and "DL3008" in result.stdout, result.stdout
+
+
+def stage(dockerfile, name: str) -> list[tuple[str, str]]:
+    """The instructions of one named stage (its FROM ... AS name up to the next FROM)."""
+    steps = instructions(dockerfile)
+    start = next(i for i, (op, args) in enumerate(steps) if op == "FROM" and args.endswith(f" AS {name}"))
+    end = next((i for i in range(start + 1, len(steps)) if steps[i][0] == "FROM"), len(steps))
+    return steps[start:end]
+
+
+def test_every_image_builds_on_the_same_runtime_stage():
+    """Docker's layer cache shares the runtime (torch + serving requirements) between the four images only when
+    the stage is the same in each; every image's last stage starts from it."""
+    runtimes = {path.parent.name: stage(path, "runtime") for path in DOCKERFILES}
+    first = next(iter(runtimes.values()))
+    assert any("requirements/runtime.txt" in args for _, args in first)
+    assert all(steps == first for steps in runtimes.values()), "the runtime stage differs between Dockerfiles"
+    for path in DOCKERFILES:
+        froms = [args for op, args in instructions(path) if op == "FROM"]
+        assert froms[-1] == "runtime", f"{path}: the image's stage must be FROM runtime"
+
+
+def test_the_runtime_torch_is_the_one_every_environment_pins():
+    def torch_pin(path) -> str:
+        return next(line.split("#")[0].strip() for line in path.read_text().splitlines() if line.startswith("torch=="))
+
+    runtime = torch_pin(REPO / "requirements" / "runtime.txt")
+    for path in (
+        REPO / "requirements" / "dev.txt",
+        *(REPO / "services" / s / "requirements.txt" for s in ("asr", "tts")),
+    ):
+        assert torch_pin(path) == runtime, path
