@@ -121,13 +121,13 @@ images() {
     # The runtime stage every image shares (torch and the serving requirements) first, alone, so the four builds
     # find it in the layer cache; then the four images and Prometheus at once: each only adds its own packages,
     # and one build's pip unpacking overlaps another's layer commit.
-    build runtime deploy/docker/loadgen/Dockerfile voiceagent-local/runtime:cpu --target runtime --build-arg DEVICE=cpu
+    build runtime deploy/docker/Dockerfile voiceagent-local/runtime:cpu --target runtime --build-arg DEVICE=cpu
     local pids=() failed=0
     for service in asr llm tts; do
-        build "$service" "deploy/docker/$service/Dockerfile" "voiceagent/$service:cpu" --build-arg DEVICE=cpu &
+        build "$service" deploy/docker/Dockerfile "voiceagent/$service:cpu" --target "$service" --build-arg DEVICE=cpu &
         pids+=($!)
     done
-    build loadgen deploy/docker/loadgen/Dockerfile voiceagent/loadgen:0.1.0 &
+    build loadgen deploy/docker/Dockerfile voiceagent/loadgen:0.1.0 --target loadgen &
     pids+=($!)
     build prometheus deploy/monitoring/prometheus/Dockerfile voiceagent-local/prometheus:debian \
         --build-arg DEBIAN_IMAGE="$BASE_IMAGE" &

@@ -51,7 +51,7 @@ def test_merged_gpu_stack_validates_and_reserves_a_gpu_per_service(tmp_path):
         assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
         assert spec["build"]["args"]["DEVICE"] == "cuda" and spec["image"].endswith(":cuda")
         assert spec["environment"][f"{service.upper()}_DEVICE"] == "cuda"
-        assert spec["build"]["dockerfile"] == f"deploy/docker/{service}/Dockerfile"
+        assert spec["build"]["dockerfile"] == "deploy/docker/Dockerfile" and spec["build"]["target"] == service
 
 
 def test_the_schema_check_rejects_a_misspelt_key(tmp_path):

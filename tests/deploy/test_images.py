@@ -1,5 +1,6 @@
-"""The Dockerfiles pass hadolint and copy only what exists; service images run non-root, generate their protos,
-speak grpc.health.v1 in HEALTHCHECK and listen where compose and Kubernetes expect them."""
+"""The images' Dockerfile (one stage per image on a shared runtime stage) passes hadolint and copies only what
+exists; service images run non-root, generate their protos, speak grpc.health.v1 in HEALTHCHECK and listen where
+compose and Kubernetes expect them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 
 from tests.deploy.tools import DEPLOY, REPO, SERVICES, run, tool
 
-DOCKERFILES = sorted((DEPLOY / "docker").glob("*/Dockerfile"))
+DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
+IMAGES = (*SERVICES, "loadgen")
 PORTS = {"asr": (50051, 9091), "llm": (50052, 9092), "tts": (50053, 9093)}
 
 
@@ -21,22 +23,33 @@ def instructions(dockerfile) -> list[tuple[str, str]]:
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
 
 
-def test_there_is_an_image_per_service_and_one_for_the_load_generator():
-    assert {path.parent.name for path in DOCKERFILES} == {*SERVICES, "loadgen"}
+def stage(name: str, dockerfile=DOCKERFILE) -> list[tuple[str, str]]:
+    """The instructions of one named stage (its FROM ... AS name up to the next FROM)."""
+    steps = instructions(dockerfile)
+    start = next(i for i, (op, args) in enumerate(steps) if op == "FROM" and args.endswith(f" AS {name}"))
+    end = next((i for i in range(start + 1, len(steps)) if steps[i][0] == "FROM"), len(steps))
+    return steps[start:end]
+
+
+def test_there_is_an_image_per_service_and_one_for_the_load_generator_all_on_the_runtime_stage():
+    """One stage per image, each FROM runtime (torch + the serving requirements, built once for all of them)."""
+    assert len(list((DEPLOY / "docker").rglob("Dockerfile"))) == 1, "the images share one Dockerfile"
+    images = {args.split(" AS ")[1]: args.split(" AS ")[0] for op, args in instructions(DOCKERFILE) if op == "FROM"}
+    assert {name: images.get(name) for name in IMAGES} == {name: "runtime" for name in IMAGES}
+    assert any("requirements/runtime.txt" in args for _, args in stage("runtime"))
 
 
 # The compose test's own images: the local stand-in for python:3.11-slim and Prometheus from Debian.
 LOCAL_IMAGES = [DEPLOY / "base-image" / "Dockerfile", DEPLOY / "monitoring" / "prometheus" / "Dockerfile"]
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES + LOCAL_IMAGES, ids=lambda path: path.parent.name)
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, *LOCAL_IMAGES], ids=lambda path: path.parent.name)
 def test_hadolint_passes(dockerfile):
     result = run(tool("hadolint"), str(dockerfile))
     assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.parent.name)
-def test_copied_files_exist_and_are_not_ignored(dockerfile):
+def test_copied_files_exist_and_are_not_ignored(dockerfile=DOCKERFILE):
     ignore = dockerfile.with_name("Dockerfile.dockerignore").read_text().splitlines()
     allowed = [line[1:].rstrip("/") for line in ignore if line.startswith("!")]
     for instruction, arguments in instructions(dockerfile):
@@ -55,8 +68,7 @@ def test_copied_files_exist_and_are_not_ignored(dockerfile):
         assert any(source.startswith(prefix) for prefix in allowed), f"{source} is excluded by .dockerignore"
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.parent.name)
-def test_every_pip_install_can_come_from_the_wheelhouse(dockerfile):
+def test_every_pip_install_can_come_from_the_wheelhouse(dockerfile=DOCKERFILE):
     """Each stage that runs pip mounts deploy/docker/wheelhouse and turns offline when it holds wheels."""
     for instruction, arguments in instructions(dockerfile):
         if instruction == "RUN" and "pip install" in arguments:
@@ -67,12 +79,13 @@ def test_every_pip_install_can_come_from_the_wheelhouse(dockerfile):
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_service_image_runs_non_root_with_a_grpc_health_check(service):
-    steps = instructions(DEPLOY / "docker" / service / "Dockerfile")
+    steps = stage(service)
     text = "\n".join(f"{i} {a}" for i, a in steps)
     grpc_port, metrics_port = PORTS[service]
     prefix = service.upper()
     assert [a for i, a in steps if i == "USER"] == ["10001"]
-    assert "grpc_tools.protoc" in text, "protos must be generated in the build"
+    assert "COPY --from=protos /src/voiceagent/v1/ voiceagent/v1/" in text, "protos must be generated in the build"
+    assert any("grpc_tools.protoc" in args for op, args in stage("protos") if op == "RUN")
     assert re.search(rf"HEALTHCHECK .*grpc_health_check\.py 127\.0\.0\.1:\${{{prefix}_PORT}}", text)
     assert f"{prefix}_HOST=0.0.0.0" in text
     assert f"{prefix}_PORT={grpc_port}" in text and f"{prefix}_METRICS_PORT={metrics_port}" in text
@@ -85,26 +98,6 @@ def test_hadolint_rejects_an_unpinned_root_image(tmp_path):
     dockerfile.write_text("FROM python:latest\nRUN apt-get install curl\n")
     result = run(tool("hadolint"), str(dockerfile))
     assert result.returncode == 1 and "DL3007" in result.stdout and "DL3008" in result.stdout, result.stdout
-
-
-def stage(dockerfile, name: str) -> list[tuple[str, str]]:
-    """The instructions of one named stage (its FROM ... AS name up to the next FROM)."""
-    steps = instructions(dockerfile)
-    start = next(i for i, (op, args) in enumerate(steps) if op == "FROM" and args.endswith(f" AS {name}"))
-    end = next((i for i in range(start + 1, len(steps)) if steps[i][0] == "FROM"), len(steps))
-    return steps[start:end]
-
-
-def test_every_image_builds_on_the_same_runtime_stage():
-    """Docker's layer cache shares the runtime (torch + serving requirements) between the four images only when
-    the stage is the same in each; every image's last stage starts from it."""
-    runtimes = {path.parent.name: stage(path, "runtime") for path in DOCKERFILES}
-    first = next(iter(runtimes.values()))
-    assert any("requirements/runtime.txt" in args for _, args in first)
-    assert all(steps == first for steps in runtimes.values()), "the runtime stage differs between Dockerfiles"
-    for path in DOCKERFILES:
-        froms = [args for op, args in instructions(path) if op == "FROM"]
-        assert froms[-1] == "runtime", f"{path}: the image's stage must be FROM runtime"
 
 
 def test_the_runtime_torch_is_the_one_every_environment_pins():
