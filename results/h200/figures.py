@@ -49,6 +49,7 @@ LLM_ROW = re.compile(
     re.M,
 )
 LLM_PATHS = ("engine-direct", "grpc-service")
+LLM_FRONTENDS = re.compile(r"service front ends (\d+)")
 
 
 def device_ceilings() -> dict:
@@ -216,25 +217,58 @@ def tts_batched_figures() -> dict:
     return figures
 
 
+def _llm_bench(path: Path) -> tuple[str, dict]:
+    """One services/llm/benchmark.py output: its preset and the final table's engine-direct and grpc-service rows."""
+    text = path.read_text()
+    levels: dict[int, dict] = {}
+    for concurrency, name, requests, failed, p50, p99, tokens, cpu, servicer in LLM_ROW.findall(text):
+        levels.setdefault(int(concurrency), {"concurrency": int(concurrency)})[name] = {
+            "requests": int(requests),
+            "failed": int(failed),
+            "ttft_p50_ms": float(p50),
+            "ttft_p99_ms": float(p99),
+            "tokens_per_s": float(tokens),
+            "front_end_cpu_us_per_token": int(cpu),
+            "ttft_in_grpc_servicer_p50_ms": float(servicer) if servicer else None,
+        }
+    frontends = LLM_FRONTENDS.search(text)
+    return LLM_PRESET.search(text).group(1), {
+        "source": path.relative_to(RAW).as_posix(),
+        "frontends": int(frontends.group(1)) if frontends else 1,
+        "levels": sorted(levels.values(), key=lambda lv: lv["concurrency"]),
+    }
+
+
 def llm_figures() -> dict:
-    """Per preset and concurrency, the final table's engine-direct and grpc-service rows."""
+    """Per preset and concurrency, the final table's engine-direct and grpc-service rows (one front end)."""
+    return dict(_llm_bench(path) for path in sorted(RAW.glob("llm_bench_*.txt")))
+
+
+def vllm_serve_levels(path: Path) -> list[dict]:
+    """`vllm bench serve` against `vllm serve --api-server-count N`: per max concurrency, tokens/s and TTFT."""
+    levels = []
+    for block in path.read_text().split("== vllm serve")[1:]:
+        concurrency = re.search(r"max concurrency (\d+)", block)
+        tokens = re.search(r"^Output token throughput \(tok/s\):\s+([\d.]+)", block, re.M)
+        ttft = re.search(r"^Median TTFT \(ms\):\s+([\d.]+)", block, re.M)
+        if concurrency and tokens and ttft:
+            levels.append({"concurrency": int(concurrency.group(1)), "tokens_per_s": float(tokens.group(1)),
+                           "ttft_p50_ms": float(ttft.group(1))})  # fmt: skip
+    return levels
+
+
+def llm_frontends_figures() -> dict:
+    """Issue 18: the service with several gRPC front ends vs engine-direct, and `vllm serve --api-server-count 4`."""
+    folder = RAW / "llm_frontends"
     figures = {}
-    for path in sorted(RAW.glob("llm_bench_*.txt")):
-        text = path.read_text()
-        levels: dict[int, dict] = {}
-        for concurrency, name, requests, failed, p50, p99, tokens, cpu, servicer in LLM_ROW.findall(text):
-            levels.setdefault(int(concurrency), {"concurrency": int(concurrency)})[name] = {
-                "requests": int(requests),
-                "failed": int(failed),
-                "ttft_p50_ms": float(p50),
-                "ttft_p99_ms": float(p99),
-                "tokens_per_s": float(tokens),
-                "front_end_cpu_us_per_token": int(cpu),
-                "ttft_in_grpc_servicer_p50_ms": float(servicer) if servicer else None,
-            }
-        figures[LLM_PRESET.search(text).group(1)] = {
-            "source": path.name,
-            "levels": sorted(levels.values(), key=lambda lv: lv["concurrency"]),
+    for path in sorted(folder.glob("llm_frontends_bench_*.txt")):
+        preset, bench = _llm_bench(path)
+        figures[f"{preset} service fe{bench['frontends']}"] = bench
+    for path in sorted(folder.glob("llm_frontends_vllm_serve_*.txt")):
+        preset = re.match(r"llm_frontends_vllm_serve_(.+?)(_cut_short)?\.txt", path.name).group(1)
+        figures[f"{preset} vllm serve api-server-count 4"] = {
+            "source": path.relative_to(RAW).as_posix(),
+            "levels": vllm_serve_levels(path),
         }
     return figures
 
@@ -347,6 +381,7 @@ def main() -> None:
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "llm": llm_figures(),
+        "llm_frontends": llm_frontends_figures(),
         "main_job": main_job_figures(),
     }
     (HERE / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Issue 18 on the lent H200: several gRPC front ends per vLLM engine core (`--frontends`), against engine-direct
-# and against `vllm serve --api-server-count 4`. WRITTEN, NOT RUN YET (the session that wrote it had no device
-# time). Same vLLM 0.26 bundle and set-up as results/h200/llm.sh: run its `unpack` calls first (back to back),
+# and against `vllm serve --api-server-count 4`. Same vLLM 0.26 bundle and set-up as results/h200/llm.sh: run its `unpack` calls first (back to back),
 # then, from the repo root on the device, one stage per call (each under its own `timeout`, output in $OUT):
 #   bash results/h200/llm_frontends.sh STAGE...
 #     bench-0.6b-fe1  bench-0.6b-fe4  bench-8b-fe1  bench-8b-fe4
@@ -17,11 +16,18 @@ OUT=${OUT:-/tmp/h200-out}
 ROOT=${VLLM_H200_ROOT:-/tmp}
 SITE=$ROOT/site
 HERE=results/h200
+SERVE_WHEELS=${SERVE_WHEELS:-.lg} # uvicorn, prometheus-fastapi-instrumentator, partial-json-parser, watchfiles,
+# model-hosting-container-standards, jmespath, supervisor, opentelemetry-api (pip download --only-binary, cp312)
 mkdir -p "$OUT"
 
 setup() {
     [ -f "$SITE/.vllm026-complete" ] || { echo "$SITE is not complete: run results/h200/llm.sh unpack first"; return 1; }
-    export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
+    # what `vllm serve` imports beyond the bundle and the image (uvicorn & co.), carried as wheels in $SERVE_WHEELS
+    if [ -d "$SERVE_WHEELS" ] && [ ! -f /tmp/serve-site/.complete ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/serve-site \
+            "$SERVE_WHEELS"/*.whl && touch /tmp/serve-site/.complete
+    fi
+    export PYTHONPATH=$SITE:/tmp/serve-site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
         TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
     # The benchmark starts the service with .venv/llm/bin/python: the image's python, as in llm.sh.
     mkdir -p .venv/llm/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >.venv/llm/bin/python
@@ -37,22 +43,25 @@ bench() { # $1 preset, $2 front ends, $3 time limit (s)
 }
 
 serve() { # $1 preset, $2 time limit (s): vllm serve --api-server-count 4 and vLLM's own load client
-    local preset=$1 limit=$2 port=18000 log=$OUT/llm_frontends_vllm_serve_$preset.log
+    local preset=$1 limit=$2 port=18000
+    local log=$OUT/llm_frontends_vllm_serve_$preset.log
     local flags
     # serve_args describes the CPU default's engine: its explicit KV-cache size is dropped, so that on the GPU the
     # cache is what --gpu-memory-utilization leaves, as for the service's engine in the benchmark (0.4 each).
-    flags=$(python3 -m services.llm.serve_args "$preset" | python3 -c 'import json, sys
-flags = json.load(sys.stdin)
-if "--kv-cache-memory-bytes" in flags:
-    at = flags.index("--kv-cache-memory-bytes")
-    del flags[at : at + 2]
+    flags=$(python3 -m services.llm.serve_args "$preset" --device cuda | tail -1 | python3 -c 'import json, sys
+flags = json.load(sys.stdin)["flags"]
+for name in ("--kv-cache-memory-bytes", "--gpu-memory-utilization", "--max-num-seqs"):  # set below
+    if name in flags:
+        at = flags.index(name)
+        del flags[at : at + 2]
 print(" ".join(flags))')
     # shellcheck disable=SC2086 # flags are words
     timeout -k 10 "$limit" python3 -m vllm.entrypoints.cli.main serve $flags --port $port --api-server-count 4 \
         --max-num-seqs 256 --gpu-memory-utilization 0.4 >"$log" 2>&1 &
     local server=$!
     for _ in $(seq 300); do
-        curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
+        python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$port/v1/models', timeout=2)" \
+            2>/dev/null && break
         kill -0 $server 2>/dev/null || { echo "vllm serve exited; tail of $log:"; tail -30 "$log"; return 1; }
         sleep 1
     done
@@ -60,6 +69,7 @@ print(" ".join(flags))')
     model=$(echo "$flags" | sed -n 's/.*--served-model-name \([^ ]*\).*/\1/p')
     local tokenizer
     tokenizer=$(echo "$flags" | sed -n 's/.*--tokenizer \([^ ]*\).*/\1/p')
+    [ -n "$tokenizer" ] || tokenizer=$(echo "$flags" | sed -n 's/.*--model \([^ ]*\).*/\1/p') # the staged model folder holds it
     for concurrency in 1 16 64 256; do
         echo "== vllm serve --api-server-count 4, $preset, max concurrency $concurrency"
         timeout -k 5 120 python3 -m vllm.entrypoints.cli.main bench serve --backend vllm \
