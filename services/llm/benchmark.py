@@ -17,6 +17,7 @@ import dataclasses
 import os
 import random
 import time
+from collections.abc import Mapping
 
 import grpc
 
@@ -198,6 +199,19 @@ def len_channels(args) -> int:
     return args.channels or (max(args.concurrency) if args.frontends > 1 else 1)
 
 
+# The engine settings that decide a step's batch: both paths must run the same ones.
+ENGINE_LIMITS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
+
+
+def engine_differences(engine: Mapping[str, float], service: Mapping[str, float]) -> str:
+    """The ENGINE_LIMITS on which the in-process engine and the service's (its GetInfo limits) differ."""
+    return ", ".join(
+        f"{name} {engine.get(name)} vs {service.get(name)}"
+        for name in ENGINE_LIMITS
+        if float(engine.get(name, -1)) != float(service.get(name, -1))
+    )
+
+
 def print_table(args, info, rounds: dict[tuple[str, int], list[LevelResult]]) -> None:
     results = {key: merged(levels) for key, levels in rounds.items()}
     model = info.model
@@ -206,7 +220,9 @@ def print_table(args, info, rounds: dict[tuple[str, int], list[LevelResult]]) ->
         f"LLM benchmark: preset {model.preset} ({model.parameter_count / 1e6:.0f}M parameters, {model.dtype}, "
         f"{info.ceilings.device_name or 'cpu'}), prompt {args.prompt_tokens} tokens, {args.max_tokens} new "
         f"tokens per request, greedy, {args.rounds} alternating rounds per level; service front ends "
-        f"{args.frontends}, client channels {len_channels(args)}, stream interval {args.stream_interval}; "
+        f"{args.frontends}, client channels {len_channels(args)}, stream interval {args.stream_interval}, "
+        f"step budget {info.limits['max_num_batched_tokens']:.0f} tokens and {info.limits['max_num_seqs']:.0f} "
+        "requests (both engines); "
         f"load average {', '.join(f'{load:.1f}' for load in os.getloadavg())} on {os.cpu_count()} CPUs"
     )
     header = f"{'concurrency':>11}  {'path':<14} {'requests':>8} {'failed':>6} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11}"
@@ -239,6 +255,7 @@ async def benchmark(args) -> None:
     settings += ["--max-in-flight", str(args.max_in_flight)]
     settings += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     settings += ["--frontends", str(args.frontends), "--stream-interval", str(args.stream_interval)]
+    settings += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     if args.enforce_eager:
         settings += ["--enforce-eager", "true"]
     config = LlmConfig(
@@ -249,6 +266,7 @@ async def benchmark(args) -> None:
         device=args.device,
         gpu_memory_utilization=args.gpu_memory_utilization,
         stream_interval=args.stream_interval,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
     print(f"starting the service ({' '.join(settings)}) and the in-process engine ...", flush=True)
     service = start_service("services.llm", venv_python("llm"), settings)
@@ -271,6 +289,9 @@ async def benchmark(args) -> None:
             turn = iter(range(1 << 62))
             for stub in stubs:  # connect every channel before the clock runs
                 info = await stub.GetInfo(common_pb2.InfoRequest(), timeout=30)
+            differ = engine_differences(generator.limits(), info.limits)
+            if differ:  # then the comparison would be of two engines, not of the paths to one
+                raise SystemExit(f"the in-process engine and the service's differ: {differ}")
             paths = {
                 "engine-direct": lambda p, n, rid: engine_request(generator.engine, p, n, rid),
                 "grpc-service": lambda p, n, rid: service_request(stubs[next(turn) % count], p, n, rid),
@@ -329,6 +350,9 @@ def main() -> None:
     parser.add_argument("--frontends", type=int, default=1, help="the service's gRPC front-end processes")
     parser.add_argument(
         "--channels", type=int, default=0, help="client channels (0: one per worker with --frontends > 1, else 1)"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=0, help="vLLM's tokens per step, both engines (0: its default)"
     )
     parser.add_argument("--stream-interval", type=int, default=1, help="tokens per message (both paths' engines)")
     args = parser.parse_args()

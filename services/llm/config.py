@@ -73,6 +73,11 @@ class LlmConfig(ServingConfig):
     max_num_seqs: int = dataclasses.field(
         default=0, metadata={"help": "requests vLLM batches per step (0 = max_in_flight)"}
     )
+    max_num_batched_tokens: int = dataclasses.field(
+        default=0,
+        metadata={"help": "tokens vLLM schedules per step, prefill chunks and decodes together (0 = vLLM's default "
+                  "for an API server: 2,048 on CPU, 8,192 on an H100/H200)"},
+    )  # fmt: skip
     kv_cache_gib: float = dataclasses.field(default=2.0, metadata={"help": "KV cache size on CPU, GiB"})
     gpu_memory_utilization: float = dataclasses.field(
         default=0.9, metadata={"help": "share of GPU memory vLLM may take (GPU only)"}
@@ -202,6 +207,11 @@ class LlmConfig(ServingConfig):
         require(self.dtype in DTYPES, "dtype", f"must be one of {list(DTYPES)}, got {self.dtype!r}")
         require(self.max_model_len >= 0, "max_model_len", f"must be >= 0, got {self.max_model_len}")
         require(self.max_num_seqs >= 0, "max_num_seqs", f"must be >= 0, got {self.max_num_seqs}")
+        require(
+            self.max_num_batched_tokens >= 0,
+            "max_num_batched_tokens",
+            f"must be >= 0, got {self.max_num_batched_tokens}",
+        )
         require(self.kv_cache_gib > 0, "kv_cache_gib", f"must be > 0, got {self.kv_cache_gib}")
         require(
             0 <= self.cpu_engine_core_nice <= 19,

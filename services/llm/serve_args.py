@@ -16,8 +16,8 @@ from services.llm.config import LlmConfig
 from voiceagent.serving.config import load_config
 
 # Engine arguments that decide speed, as `vllm serve` flags.
-FLAGS = ("served_model_name", "tokenizer", "load_format", "dtype", "max_model_len", "max_num_seqs", "seed",
-         "kv_cache_memory_bytes")  # fmt: skip
+FLAGS = ("served_model_name", "tokenizer", "load_format", "dtype", "max_model_len", "max_num_seqs",
+         "max_num_batched_tokens", "seed", "kv_cache_memory_bytes")  # fmt: skip
 
 
 def serve_args(config: LlmConfig) -> list[str]:

@@ -19,11 +19,12 @@ from grpc_health.v1 import health_pb2
 
 from tests.harness import child_processes, sample_sum, scrape_samples, start_service, venv_python
 from tests.llm.conftest import TEST_ARGS, TEST_ENV, generate
-from voiceagent.v1 import llm_pb2, llm_pb2_grpc
+from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 FRONTENDS = 2
 INTERVAL = 4
 GRACE_S = 3
+STEP_TOKENS = 1024  # vLLM's token budget per step, set explicitly (its default is 2,048 on CPU)
 STARTUP_S = 1200  # two engines and two front ends start at once; the shared 2-core machine can be very busy
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -31,7 +32,7 @@ GREEDY = {"temperature": 0, "ignore_eos": True}
 @pytest.fixture(scope="module")
 def pods():
     python = venv_python("llm")
-    common = ["--preset", "tiny", "--max-in-flight", "32", *TEST_ARGS]
+    common = ["--preset", "tiny", "--max-in-flight", "32", "--max-num-batched-tokens", str(STEP_TOKENS), *TEST_ARGS]
     arguments = {
         "spread": [
             *common,
@@ -96,6 +97,19 @@ def test_one_engine_core_and_n_front_ends(spread):
     assert len(engines) == 1, "the engine core is launched once, by the supervisor"
     for pid in frontend_pids(spread):
         assert not child_processes(pid, lambda command: command.startswith(b"VLLM::EngineCore"))
+
+
+def test_every_front_end_and_a_single_one_run_the_engine_they_were_given(spread, single):
+    """The step's budget is the service's setting, not a default that depends on how vLLM was started (an API
+    server's differs from an in-process engine's on large GPUs): every front end of the pod and a one-front-end pod
+    report the same engine limits."""
+    seen = []
+    for service in (spread, single, spread, spread):  # fresh connections: the kernel picks a front end each time
+        channel, stub = fresh_stub(service)
+        with channel:
+            info = stub.GetInfo(common_pb2.InfoRequest(), timeout=30)
+        seen.append((info.limits["max_num_batched_tokens"], info.limits["max_num_seqs"]))
+    assert set(seen) == {(STEP_TOKENS, 32)}
 
 
 def test_requests_spread_over_the_front_ends_and_metrics_add_up(spread):

@@ -23,9 +23,15 @@ def test_gpu_peer_gets_the_services_memory_share_and_dtype():
     assert flags[flags.index("--gpu-memory-utilization") + 1] == "0.45"
     assert flags[flags.index("--dtype") + 1] == "bfloat16" and flags[flags.index("--max-num-seqs") + 1] == "512"
     assert "--kv-cache-memory-bytes" not in flags  # on a GPU vLLM sizes the cache from its memory share
+    assert "--max-num-batched-tokens" not in flags  # not set: the peer takes vLLM's API-server default, as we do
     assert found["server"].startswith("vllm.entrypoints.")
 
 
 def test_cpu_peer_gets_the_explicit_kv_cache():
     flags = _serve_args("tiny")["flags"]
     assert "--kv-cache-memory-bytes" in flags and "--gpu-memory-utilization" not in flags
+
+
+def test_peer_gets_the_services_step_budget():
+    flags = _serve_args("tiny", "--max-num-batched-tokens", "1024")["flags"]
+    assert flags[flags.index("--max-num-batched-tokens") + 1] == "1024"

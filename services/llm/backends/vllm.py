@@ -32,6 +32,7 @@ try:
         from vllm.exceptions import VLLMValidationError as VLLMClientError
     from vllm.renderers.inputs.preprocess import parse_model_prompt
     from vllm.sampling_params import RequestOutputKind
+    from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
     from vllm.v1.metrics.loggers import StatLoggerBase
@@ -110,6 +111,7 @@ def engine_args(config: LlmConfig, model_dir: str) -> AsyncEngineArgs:
         dtype=config.dtype,
         max_model_len=config.max_model_len or None,
         max_num_seqs=config.max_num_seqs or config.max_in_flight,
+        max_num_batched_tokens=config.max_num_batched_tokens or None,
         seed=config.seed,
         enforce_eager=config.enforce_eager,
         gpu_memory_utilization=config.gpu_memory_utilization,
@@ -214,9 +216,12 @@ class VllmGenerator:
             build = functools.partial(attach, self.config, self.attachment, EngineStepLogger)
         else:
             children_die_with_us()  # vLLM starts its engine core: it dies with us (lifeline.py)
+            # As an API server, the way `vllm serve` and our several front ends build theirs: vLLM's defaults
+            # (the step's token budget, max_num_batched_tokens) depend on it, 8,192 against 2,048 on an H200.
             build = functools.partial(
                 AsyncLLM.from_engine_args,
                 engine_args(self.config, stage_model_dir(self.config)),
+                usage_context=UsageContext.OPENAI_API_SERVER,
                 stat_loggers=[EngineStepLogger],
             )
         self._building = asyncio.ensure_future(asyncio.to_thread(build))
