@@ -84,6 +84,9 @@ def test_work_formulas_match_what_torch_counts(tiny_model):
     assert work.dit_call_flops() * dit_calls(2) == pytest.approx(dit.get_total_flops(), rel=0.05)
     assert work.encoder_flops() == pytest.approx(encoder.get_total_flops(), rel=0.05)
     assert work.vae_flops == pytest.approx(vae.get_total_flops(), rel=0.1)
+    phases = work.per_phase(context=40, timesteps=10)
+    assert sum(phases.values()) == pytest.approx(work.per_patch(40, 10)[0])
+    assert phases["base lm"] > phases["residual lm"] > 0 and phases["projections"] > 0
 
 
 def test_the_small_cpu_preset_builds_and_speaks_a_patch():

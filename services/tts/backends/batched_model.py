@@ -17,6 +17,9 @@ it, stop head, then base LM + FSQ + residual LM one position each. Rows with dif
 share the step's LM and VAE work and run their DiT solves as one group per step count; `cfg_value` is a
 per-row tensor, so it never splits a group. Prefill (`prefill`) runs VoxCPM2's own prefix forward for one
 request at batch 1 and copies its K/V into the slot.
+
+The step's phases are marked with `record_function` ranges (what results/h200/tts_profile.py attributes GPU time
+to); without a running profiler a range is a few microseconds of host time, and a CUDA graph replays none.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import math
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 from voxcpm.model.voxcpm2 import VoxCPM2Model
 from voxcpm.modules.audiovae.audio_vae_v2 import CausalConv1d, CausalTransposeConv1d
 from voxcpm.modules.minicpm4.model import MiniCPMModel, apply_rotary_pos_emb
@@ -244,10 +248,13 @@ class BatchedVoxCPM:
             graph.graph.replay()
             audio, stop = graph.audio[:rows], graph.stop[:rows]
         else:
-            device_rows = torch.tensor(slots, dtype=torch.long, device=self.device)
-            cfg = torch.tensor(cfg_values, device=self.device, dtype=self.dtype).view(-1, 1, 1)
-            audio, stop = self._advance(device_rows, noise.to(self.device, self.dtype), cfg, timesteps)
-        return audio.cpu(), [flag == 1 for flag in stop.tolist()]
+            with record_function("input copy"):
+                device_rows = torch.tensor(slots, dtype=torch.long, device=self.device)
+                cfg = torch.tensor(cfg_values, device=self.device, dtype=self.dtype).view(-1, 1, 1)
+                noise = noise.to(self.device, self.dtype)
+            audio, stop = self._advance(device_rows, noise, cfg, timesteps)
+        with record_function("host copy"):
+            return audio.cpu(), [flag == 1 for flag in stop.tolist()]
 
     def _advance(
         self,
@@ -260,9 +267,39 @@ class BatchedVoxCPM:
         """The step on the device: (audio [rows, samples] float32, stop-head argmax [rows]). Shape-static
         when `length` is given (attention over that many positions): what a CUDA graph captures."""
         model = self.model
-        lm_hidden, residual_hidden = self.lm_hidden[rows], self.residual_hidden[rows]
-        mu = torch.cat((model.lm_to_dit_proj(lm_hidden), model.res_to_dit_proj(residual_hidden)), dim=-1)
-        condition = self.condition[rows].transpose(1, 2).contiguous()
+        with record_function("locdit solve"):
+            lm_hidden, residual_hidden = self.lm_hidden[rows], self.residual_hidden[rows]
+            mu = torch.cat((model.lm_to_dit_proj(lm_hidden), model.res_to_dit_proj(residual_hidden)), dim=-1)
+            condition = self.condition[rows].transpose(1, 2).contiguous()
+            patches = self._solve(noise, mu, condition, cfg, timesteps)
+        with record_function("local encoder"):
+            patch = patches.transpose(1, 2)  # [rows, patch_size, feat_dim]
+            embed = model.enc_to_lm_proj(model.feat_encoder(patch.unsqueeze(1)))[:, 0]
+            self.condition[rows] = patch
+        with record_function("vae decode"):
+            self.vae_state.rows = rows
+            audio = model.audio_vae.decode(patches.to(torch.float32), self.sample_rate_condition)
+        with record_function("stop head"):
+            stop = model.stop_head(model.stop_actn(model.stop_proj(lm_hidden))).argmax(dim=-1)
+
+        positions = self.positions[rows]
+        with record_function("base lm"):
+            base = _lm_step(model.base_lm, self.caches["base"], rows, positions, embed, length)
+            lm_hidden = model.fsq_layer(base)
+        with record_function("residual lm"):
+            residual_in = model.fusion_concat_proj(torch.cat((lm_hidden, embed), dim=-1))
+            residual = _lm_step(model.residual_lm, self.caches["residual"], rows, positions, residual_in, length)
+            self.residual_hidden[rows] = residual
+            self.lm_hidden[rows] = lm_hidden
+            self.positions[rows] = positions + 1
+            self.positions[self.scratch :].zero_()  # padding rows never run past the cache (a kernel, no host copy)
+        return audio.reshape(rows.size(0), -1), stop
+
+    def _solve(
+        self, noise: torch.Tensor, mu: torch.Tensor, condition: torch.Tensor, cfg: torch.Tensor, timesteps: list[int]
+    ) -> torch.Tensor:
+        """The LocDiT flow-matching solve of every row: one group of rows per diffusion step count."""
+        model = self.model
         groups = sorted(set(timesteps))
         patches = torch.empty_like(noise)
         for steps in groups:
@@ -278,23 +315,7 @@ class BatchedVoxCPM:
                 patches[picked] = solved
             else:
                 patches = solved
-        patch = patches.transpose(1, 2)  # [rows, patch_size, feat_dim]
-        embed = model.enc_to_lm_proj(model.feat_encoder(patch.unsqueeze(1)))[:, 0]
-        self.condition[rows] = patch
-        self.vae_state.rows = rows
-        audio = model.audio_vae.decode(patches.to(torch.float32), self.sample_rate_condition)
-        stop = model.stop_head(model.stop_actn(model.stop_proj(lm_hidden))).argmax(dim=-1)
-
-        positions = self.positions[rows]
-        base = _lm_step(model.base_lm, self.caches["base"], rows, positions, embed, length)
-        lm_hidden = model.fsq_layer(base)
-        residual_in = model.fusion_concat_proj(torch.cat((lm_hidden, embed), dim=-1))
-        residual = _lm_step(model.residual_lm, self.caches["residual"], rows, positions, residual_in, length)
-        self.residual_hidden[rows] = residual
-        self.lm_hidden[rows] = lm_hidden
-        self.positions[rows] = positions + 1
-        self.positions[self.scratch :].zero_()  # padding rows never run past the cache (a kernel, no host copy)
-        return audio.reshape(rows.size(0), -1), stop
+        return patches
 
     # -- CUDA graphs ------------------------------------------------------------------------------------
     @torch.inference_mode()

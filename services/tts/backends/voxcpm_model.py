@@ -124,10 +124,11 @@ class PatchWork:
         self.dtype_bytes = torch.finfo(getattr(torch, config.dtype)).bits // 8
         self.lm_attention = (lm.num_hidden_layers + config.residual_lm_num_layers, lm.num_attention_heads)
         self.head_dim = lm.kv_channels or h // lm.num_attention_heads
-        self.lm_params = sum(
-            _transformer_params(h, lm.intermediate_size, layers, lm.num_attention_heads, kv, self.head_dim)
-            for layers in (lm.num_hidden_layers, config.residual_lm_num_layers)
+        self.lm_layers = {"base lm": lm.num_hidden_layers, "residual lm": config.residual_lm_num_layers}
+        self.lm_layer_params = _transformer_params(
+            h, lm.intermediate_size, 1, lm.num_attention_heads, kv, self.head_dim
         )
+        self.lm_params = self.lm_layer_params * sum(self.lm_layers.values())
         # encoder→LM, LM→DiT, residual→DiT, fusion (2h→h), scalar quantisation in/out, stop head
         sq = config.scalar_quantization_latent_dim
         self.lm_params += enc.hidden_dim * h + 2 * h * dit.hidden_dim + 2 * h * h + 2 * h * sq + h * h + 2 * h
@@ -166,6 +167,19 @@ class PatchWork:
         weights = self.lm_params + self.enc_params + calls * dit_weights
         kv_cache = 2 * self.lm_attention[0] * self.kv_heads * self.head_dim * context
         return float(flops), float((weights + kv_cache) * self.dtype_bytes + self.vae_bytes)
+
+    def per_phase(self, context: int, timesteps: int) -> dict[str, float]:
+        """per_patch's FLOPs by phase of the batched step (results/h200/tts_profile.py sets them beside the
+        phases' measured times); `projections` are the small matmuls between the parts (to the DiT, FSQ, fusion,
+        stop head, encoder to LM)."""
+        heads = self.lm_attention[1]
+        phases = {
+            name: 2 * layers * self.lm_layer_params + _attention_flops(layers, heads, self.head_dim, 1, context)
+            for name, layers in self.lm_layers.items()
+        }
+        phases["projections"] = self.lm_step_flops(context) - sum(phases.values())
+        phases["locdit solve"] = dit_calls(timesteps) * self.dit_call_flops()
+        return phases | {"local encoder": self.encoder_flops(), "vae decode": self.vae_flops}
 
     def per_step(self, contexts: list[int], timesteps: list[int]) -> tuple[float, float]:
         """FLOPs and bytes of one batched step advancing one patch per row (row i at `contexts[i]` cached
