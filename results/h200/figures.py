@@ -273,6 +273,40 @@ def llm_frontends_figures() -> dict:
     return figures
 
 
+TTS_SERVED = re.compile(r"^a\) step as served \(CUDA graph[^)]*\): ([\d.]+) ms.*-> ([\d.]+) audio-s/s", re.M)
+TTS_PHASE_HEADER = re.compile(r"^b\) eager step, device time by phase x class.*\n\s+(.+)$", re.M)
+TTS_IDLE = re.compile(r"^step \d+: (\d+) kernels, span ([\d.]+) ms, idle between kernels ([\d.]+) ms", re.M)
+
+
+def tts_profile_figures() -> dict:
+    """Issue 16: the batched TTS step at B requests, as served (graph replay) and eagerly by phase x kernel class
+    (results/h200/tts_profile.py); device ms per step."""
+    figures = {}
+    for path in sorted((RAW / "tts_profile").glob("tts_profile_b*.txt")):
+        text = path.read_text()
+        served, header = TTS_SERVED.search(text), TTS_PHASE_HEADER.search(text)
+        if not (served and header):
+            continue  # a run that failed before its profile (kept as raw for the record)
+        # the table's layout (tts_profile.py): a 22-character row name, then columns 14 characters wide
+        line = text[text.rindex("\n", 0, header.start(1)) + 1 : header.end(1)]
+        classes = [line[at : at + 14].strip() for at in range(22, len(line), 14)]
+        body = text[header.end() :].split("\ntotal")[0]
+        phases = {}
+        for row in body.strip("\n").splitlines():
+            values = [float(row[at : at + 14]) for at in range(22, len(row), 14)]
+            phases[row[:22].strip()] = dict(zip(classes, values, strict=True))
+        idle = TTS_IDLE.findall(text)
+        figures[path.stem] = {
+            "source": path.relative_to(RAW).as_posix(),
+            "served_step_ms": float(served.group(1)),
+            "served_audio_s_per_s": float(served.group(2)),
+            "eager_ms_by_phase_and_class": phases,
+            "eager_kernels_per_step": int(idle[0][0]) if idle else None,
+            "eager_idle_ms_per_step": [float(i[2]) for i in idle],
+        }
+    return figures
+
+
 # The main job on the H200 (issue 19): one tarball per stage (results/h200/main_job.sh), its results.json per target.
 MAIN_JOB_STAGES = {"llm": "llm.tar.gz", "asr": "asr-eager.tar.gz", "tts": "tts.tar.gz"}
 PRIMARY = {"llm": "ttft_s", "asr": "final_latency_s", "tts": "first_audio_s"}
@@ -380,6 +414,7 @@ def main() -> None:
         "asr_graph_fix": asr_graph_fix_figures(),
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
+        "tts_profile": tts_profile_figures(),
         "llm": llm_figures(),
         "llm_frontends": llm_frontends_figures(),
         "main_job": main_job_figures(),

@@ -106,6 +106,7 @@ def table(title: str, cells: dict, rows, steps: int, columns=CLASSES) -> None:
     print(f"{'total':<22}" + "".join(f"{v:>14.3f}" for v in (*totals, sum(totals))))
 
 
+@torch.inference_mode()  # as the engine steps: no autograd graph kept (with one, B=128 ran out of the H200's memory)
 def eager_step(engine: BatchedVoxCPM, slots: list[int], noise: torch.Tensor):
     """BatchedVoxCPM.step's eager path, but with attention over the whole cache as its CUDA graph runs it."""
     with record_function("input copy"):
