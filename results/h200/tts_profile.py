@@ -7,6 +7,10 @@ graphs per batch bucket), prefills B requests, then per B:
      device time by kernel class and by phase (the `record_function` ranges of BatchedVoxCPM), the idle time
      between kernels per step, and the top kernels;
   c) the model-derived FLOPs of the step by phase (PatchWork) and the dtype each phase runs in.
+With --variants, first the speed-ups of BatchedVoxCPM applied one after another (cumulative), each timed as
+served at the largest batch after capturing its graph again: base (cuDNN benchmark mode), fold (weight norm
+folded), compile (LocDiT estimator compiled), compile-math (compiled, attention as matrix products), vae-bf16
+(the VAE in bf16); then a) to c) run on the last one.
 `python3 results/h200/tts_profile.py --batch 128,16`; on a CPU: `--device cpu --preset tiny --batch 4`.
 """
 
@@ -185,6 +189,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch", default="128", help="batch sizes, comma-separated (e.g. 128,16)")
     parser.add_argument("--cache-positions", type=int, default=512, help="per slot, as tts_batched.sh runs it")
+    parser.add_argument("--variants", default="", help="e.g. base,fold,compile,compile-math,vae-bf16 (cumulative)")
     args = parser.parse_args()
     batches, on_cuda = [int(b) for b in args.batch.split(",")], args.device.startswith("cuda")
 
@@ -218,6 +223,33 @@ def main() -> None:
         started = time.perf_counter()
         engine.capture_graphs(sorted(set(batches)), TIMESTEPS, CFG_VALUE)  # the service captures every bucket
         print(f"CUDA graphs for {sorted(engine.graphs)} captured in {time.perf_counter() - started:.1f} s")
+
+    variants = [v for v in args.variants.split(",") if v]
+    if variants:
+        rows = max(batches)
+        slots = fill(rows)
+        print(f"\nspeed-ups, cumulative, at B = {rows}: step as served, median of {TIMED}")
+        for variant in variants:
+            began = time.perf_counter()
+            if variant == "fold":
+                engine.fold_weight_norm()
+            elif variant.startswith("compile"):
+                engine.compile_solver("math" if variant == "compile-math" else "default")
+            elif variant == "vae-bf16":
+                engine.set_vae_dtype(torch.bfloat16)
+            if on_cuda:
+                engine.graphs.clear()
+                engine.capture_graphs([rows], TIMESTEPS, CFG_VALUE)
+            set_up_s = time.perf_counter() - began
+            slots = fill(rows)
+            for _ in range(3):
+                served_step(slots)
+            ms = statistics.median(timed_ms(functools.partial(served_step, slots), on_cuda) for _ in range(TIMED))
+            print(f"  {variant:<14} {ms:8.2f} ms -> {rows * patch_s / (ms / 1000):7.1f} audio-s/s "
+                  f"(set-up and capture {set_up_s:.1f} s)", flush=True)  # fmt: skip
+        if on_cuda:  # the buckets of a) to c), with everything applied
+            engine.graphs.clear()
+            engine.capture_graphs(sorted(set(batches)), TIMESTEPS, CFG_VALUE)
 
     for rows in batches:
         print(f"\n===== B = {rows} ({rows} requests, {patch_s * 1000:.0f} ms of audio each per step) =====")

@@ -21,7 +21,6 @@ FLOPs and bytes per step and per second — what bounds the step.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 import threading
@@ -38,7 +37,7 @@ TEXT = "Streaming speech starts before the sentence ends."
 SEED = 1
 
 # Where the models run: set once from --device / --compile, used by every direct copy and every service.
-PLACEMENT = {"device": "cpu", "compile": False, "cache_positions": 2048}
+PLACEMENT = {"device": "cpu", "compile": False, "cache_positions": 2048, "vae_dtype": "float32"}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -123,14 +122,14 @@ def batched_engine(preset: str, threads: int, max_batch: int, cache_positions: i
     """A closure running C requests through the batched engine in this process, `requests` rounds."""
     import torch
 
-    from services.tts.backends.batched_model import BatchedVoxCPM
-    from services.tts.backends.voxcpm import load_model
+    from services.tts.backends.batched_engine import EngineSpec, build_engine
 
-    spec = WorkerSpec.from_config(TtsConfig(preset=preset, threads_per_worker=threads, **PLACEMENT))
-    torch.set_num_threads(threads)
-    engine = BatchedVoxCPM(load_model(dataclasses.replace(spec, compile=False)), max_batch, cache_positions)
+    config = TtsConfig(preset=preset, threads_per_worker=threads, **PLACEMENT)
+    # as the service builds it: the same speed-ups, warm-up and CUDA graphs per bucket
+    spec = EngineSpec(WorkerSpec.from_config(config), max_batch, cache_positions, vae_dtype=config.vae_dtype)
+    engine, _, _ = build_engine(spec)
     tokens = engine.text_tokens(TEXT)
-    limit = engine.patch_limit(len(tokens), segment_max_len(spec, TEXT))
+    limit = engine.patch_limit(len(tokens), segment_max_len(spec.model, TEXT))
     rate = engine.model.sample_rate
 
     def run(concurrency: int, requests: int) -> Level:
@@ -152,10 +151,6 @@ def batched_engine(preset: str, threads: int, max_batch: int, cache_positions: i
 
     run(1, 1)
     run(max_batch, 1)  # warm-up at both ends
-    if engine.device.type == "cuda":  # as the service does
-        from services.tts.backends.batched_engine import graph_buckets
-
-        engine.capture_graphs(graph_buckets(max_batch), 10, 2.0)
     return run
 
 
@@ -176,6 +171,7 @@ def service_args(preset: str, backend: str, threads: int, workers: int, max_batc
         "--cache-positions", str(PLACEMENT["cache_positions"]),
         "--threads-per-worker", str(threads), "--max-queue", str(4 * max_batch), "--probe-ceilings", "false",
         "--device", PLACEMENT["device"], "--compile", str(PLACEMENT["compile"]).lower(),
+        "--vae-dtype", PLACEMENT["vae_dtype"],
     ]  # fmt: skip
 
 
@@ -235,17 +231,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="direct runs at C=1")
     parser.add_argument("--skip", default="", help="paths to leave out: pool,direct,engine")
     parser.add_argument("--device", default="cpu", help="torch device of every model (cuda on a GPU)")
-    parser.add_argument("--compile", action="store_true", help="pool and direct: torch.compile + CUDA graphs")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="CUDA: pool and direct: VoxCPM's torch.compile + CUDA graphs; batched: the LocDiT solve compiled",
+    )
     parser.add_argument("--cache-positions", type=int, default=2048, help="batched: cache positions per slot")
+    parser.add_argument("--vae-dtype", default="float32", help="batched: the audio VAE's dtype (float32, bfloat16)")
     args = parser.parse_args()
-    PLACEMENT.update(device=args.device, compile=args.compile, cache_positions=args.cache_positions)
+    PLACEMENT.update(
+        device=args.device, compile=args.compile, cache_positions=args.cache_positions, vae_dtype=args.vae_dtype
+    )
     levels = [int(c) for c in args.concurrency.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     top = max(levels)
     batched_threads = args.batched_threads or args.pool_workers * args.threads
 
     print(
-        f"preset {args.preset} on {args.device}{' compiled' if args.compile else ''}, {args.threads} torch "
+        f"preset {args.preset} on {args.device}{' compiled' if args.compile else ''}, VAE {args.vae_dtype}, "
+        f"{args.threads} torch "
         f"thread(s) per model process, text {len(TEXT)} chars, seed {SEED}, {args.requests} requests per client; "
         f"pool: {args.pool_workers} workers; batched: max_batch {top}, "
         f"{batched_threads} torch threads; load average {os.getloadavg()[0]:.1f}",

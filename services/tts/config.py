@@ -20,6 +20,7 @@ OUTPUT_SAMPLE_RATES_HZ = (16_000, 24_000, 48_000)
 # on VoxCPM2 (trained with 10) and only burns compute; cfg outside [0, 10] produces clipped garbage.
 TIMESTEPS_RANGE = (1, 50)
 BACKENDS = ("batched", "pool")
+VAE_DTYPES = ("float32", "bfloat16")
 CFG_RANGE = (0.0, 10.0)
 
 
@@ -57,6 +58,13 @@ class TtsConfig(ServingConfig):
     cuda_graphs: bool = dataclasses.field(
         default=True, metadata={"help": "batched on CUDA: capture the step per batch-size bucket at start-up"}
     )
+    vae_dtype: str = dataclasses.field(
+        default="float32",
+        metadata={
+            "help": "batched: dtype of the audio VAE's decode: float32 (as VoxCPM2 runs it) or bfloat16 "
+            "(bf16 tensor cores and half the bytes on a GPU; the waveform is rounded to bf16's precision)"
+        },
+    )
     workers: int = dataclasses.field(
         default=1, metadata={"help": "pool: model instances, each serving one request at a time"}
     )
@@ -82,7 +90,11 @@ class TtsConfig(ServingConfig):
     )
     max_patches: int = dataclasses.field(default=1500, metadata={"help": "cap on patches per text segment (4 min)"})
     compile: bool = dataclasses.field(
-        default=False, metadata={"help": "torch.compile + CUDA graphs of VoxCPM's steps (CUDA only)"}
+        default=False,
+        metadata={
+            "help": "CUDA only: torch.compile; pool: VoxCPM's own compiled steps and CUDA graphs; batched: the "
+            "LocDiT solve compiled inside the captured step"
+        },
     )
     phrase_min_chars: int = dataclasses.field(
         default=12, metadata={"help": "text-in streaming: shortest phrase cut at a comma-like boundary"}
@@ -104,6 +116,9 @@ class TtsConfig(ServingConfig):
         require(self.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         require(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
         require(self.cache_positions >= 64, "cache_positions", f"must be >= 64, got {self.cache_positions}")
+        require(
+            self.vae_dtype in VAE_DTYPES, "vae_dtype", f"must be one of {', '.join(VAE_DTYPES)}, got {self.vae_dtype!r}"
+        )
         require(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
         require(self.threads_per_worker >= 1, "threads_per_worker", f"must be >= 1, got {self.threads_per_worker}")
         require(self.max_queue >= 0, "max_queue", f"must be >= 0, got {self.max_queue}")

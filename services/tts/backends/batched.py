@@ -55,7 +55,11 @@ class BatchedBackend:
     def __init__(self, config: TtsConfig):
         self.config = config
         self.spec = EngineSpec(
-            WorkerSpec.from_config(config), config.max_batch, config.cache_positions, config.cuda_graphs
+            WorkerSpec.from_config(config),
+            config.max_batch,
+            config.cache_positions,
+            config.cuda_graphs,
+            config.vae_dtype,
         )
         self.metrics = tts_metrics()
         self.work = service_metrics("tts")

@@ -38,6 +38,11 @@ class EngineSpec:
     max_batch: int
     cache_positions: int = 2048
     cuda_graphs: bool = True  # on a CUDA device: capture the step per batch bucket at start-up
+    vae_dtype: str = "float32"  # the audio VAE's decode: float32 as VoxCPM2 runs it, or bfloat16
+
+
+# How the compiled LocDiT solve attends over its 11 positions (BatchedVoxCPM.compile_solver)
+SOLVER_ATTENTION = "math"
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -269,7 +274,9 @@ def engine_main(spec: EngineSpec, sock: socket.socket) -> None:
     asyncio.run(_serve(spec, sock))
 
 
-def _build(spec: EngineSpec):
+def build_engine(spec: EngineSpec):
+    """The model loaded, driven in batches (BatchedVoxCPM) with the speed-ups `spec` asks for, warmed up and, on a
+    CUDA device, captured per batch bucket: (engine, its PatchWork, the ready payload)."""
     import torch
 
     from services.tts.backends import voxcpm_model
@@ -281,11 +288,22 @@ def _build(spec: EngineSpec):
     work = voxcpm_model.PatchWork(model.config, *voxcpm_model.vae_patch_work(model))
     payload = ready_payload(model, spec.model, work)  # before the engine replaces the VAE's streaming hooks
     engine = BatchedVoxCPM(model, spec.max_batch, spec.cache_positions)
+    engine.fold_weight_norm()  # exact: the weights its hooks would compute at every call
+    if spec.vae_dtype != "float32":
+        engine.set_vae_dtype(getattr(torch, spec.vae_dtype))
+    if spec.model.compile:  # CUDA only (TtsConfig.validate); compiled as the warm-up and the capture run it
+        engine.compile_solver(SOLVER_ATTENTION)
     for rows in sorted({1, spec.max_batch}):  # warm-up: first calls allocate
         engine.prefill(list(range(rows)), [engine.text_tokens("Warm up.")] * rows)
         noise = torch.zeros(rows, engine.feat_dim, engine.patch_size)
         engine.step(list(range(rows)), [spec.model.timesteps] * rows, [spec.model.cfg_value] * rows, noise)
-    payload["shape"] |= {"cache_positions": engine.max_length, "graph_buckets": 0, "graph_capture_s": 0.0}
+    payload["shape"] |= {
+        "cache_positions": engine.max_length,
+        "graph_buckets": 0,
+        "graph_capture_s": 0.0,
+        "vae_bits": torch.finfo(engine.vae_dtype).bits,
+        "solver_compiled": int(spec.model.compile),
+    }
     if spec.cuda_graphs and engine.device.type == "cuda":
         started = time.perf_counter()
         buckets = graph_buckets(spec.max_batch)
@@ -303,7 +321,7 @@ def _build(spec: EngineSpec):
 async def _serve(spec: EngineSpec, sock: socket.socket) -> None:
     channel = await Channel.open(sock)
     try:
-        engine, work, payload = await asyncio.to_thread(_build, spec)
+        engine, work, payload = await asyncio.to_thread(build_engine, spec)
     except Exception as exc:
         log.exception("the TTS engine failed to start")
         channel.send(StartFailed(f"{type(exc).__name__}: {exc}"))

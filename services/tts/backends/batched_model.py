@@ -18,6 +18,10 @@ share the step's LM and VAE work and run their DiT solves as one group per step 
 per-row tensor, so it never splits a group. Prefill (`prefill`) runs VoxCPM2's own prefix forward for one
 request at batch 1 and copies its K/V into the slot.
 
+Speed-ups that keep the model's arithmetic (`fold_weight_norm`, `compile_solver`; `capture_graphs` lets cuDNN pick its
+convolution algorithms per captured shape) and one that changes it (`set_vae_dtype`: the audio VAE in bf16)
+are methods the engine's builder calls; see their docstrings for what each removes from the step.
+
 The step's phases are marked with `record_function` ranges (what results/h200/tts_profile.py attributes GPU time
 to); without a running profiler a range is a few microseconds of host time, and a CUDA graph replays none.
 """
@@ -28,6 +32,7 @@ import math
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import record_function
 from voxcpm.model.voxcpm2 import VoxCPM2Model
 from voxcpm.modules.audiovae.audio_vae_v2 import CausalConv1d, CausalTransposeConv1d
@@ -101,7 +106,7 @@ class _SlotVAEState:
                     self._install(module, context, nn.ConvTranspose1d.forward, trim, slots, device)
 
     def _install(self, module: nn.Module, context: int, forward, trim: int | None, slots: int, device) -> None:
-        state = torch.zeros(slots, module.in_channels, context, device=device)
+        state = torch.zeros(slots, module.in_channels, context, device=device, dtype=module.weight.dtype)
         self.buffers.append(state)
 
         def stateful_forward(x: torch.Tensor) -> torch.Tensor:
@@ -118,6 +123,10 @@ class _SlotVAEState:
     def reset(self, slot: int) -> None:
         for state in self.buffers:
             state[slot].zero_()
+
+    def to(self, dtype: torch.dtype) -> None:
+        for state in self.buffers:
+            state.data = state.data.to(dtype)
 
 
 class BatchedVoxCPM:
@@ -158,6 +167,7 @@ class BatchedVoxCPM:
         self.condition = torch.zeros(slots + 1, self.patch_size, self.feat_dim, device=self.device, dtype=self.dtype)
         self.positions = torch.zeros(slots + 1, dtype=torch.long, device=self.device)
         self.vae_state = _SlotVAEState(model.audio_vae.decoder, slots + 1, self.device)
+        self.vae_dtype = next(model.audio_vae.parameters()).dtype  # float32 as VoxCPM2 runs it; see set_vae_dtype
         vae = model.audio_vae
         self.sample_rate_condition = torch.tensor(
             [getattr(vae, "out_sample_rate", vae.sample_rate)], device=self.device, dtype=torch.int32
@@ -278,7 +288,7 @@ class BatchedVoxCPM:
             self.condition[rows] = patch
         with record_function("vae decode"):
             self.vae_state.rows = rows
-            audio = model.audio_vae.decode(patches.to(torch.float32), self.sample_rate_condition)
+            audio = model.audio_vae.decode(patches.to(self.vae_dtype), self.sample_rate_condition).float()
         with record_function("stop head"):
             stop = model.stop_head(model.stop_actn(model.stop_proj(lm_hidden))).argmax(dim=-1)
 
@@ -317,6 +327,44 @@ class BatchedVoxCPM:
                 patches = solved
         return patches
 
+    # -- speed-ups ------------------------------------------------------------------------------------
+    def fold_weight_norm(self) -> None:
+        """Compute the audio VAE's weight-normed convolution weights once instead of at every call.
+
+        VoxCPM's VAE wraps each convolution in `torch.nn.utils.weight_norm`, whose pre-hook recomputes
+        weight = g * v / |v| before every forward: a norm, a division and a product per convolution per step,
+        for weights that never change at inference. Folding runs the same computation once, so the weights, and
+        the audio, are the ones the hook would produce.
+        """
+        for module in self.model.audio_vae.modules():
+            if hasattr(module, "weight_g") and hasattr(module, "weight_v"):
+                torch.nn.utils.remove_weight_norm(module)
+
+    def compile_solver(self, attention: str = "default") -> None:
+        """torch.compile the LocDiT estimator, the network the flow-matching solve runs `timesteps` times a step.
+
+        Profiled on the H200 at 128 rows (results/h200/README.md §3d), most of the solve is not its matrix
+        products but the glue around them: RMSNorm and RoPE upcast to float32 and back, `cat`, `contiguous`
+        and the residual adds, each its own kernel. Inductor fuses that glue into a few Triton kernels; the
+        arithmetic is the model's (same dtypes, float32 inside the norms). Compiled per shape on first use:
+        `capture_graphs` runs each bucket before capturing it, so compiling happens at start-up; after the
+        second bucket the batch dimension is compiled as dynamic. `attention` "math" traces attention as
+        matrix products and a softmax Inductor can fuse, rather than a fused-attention library kernel: the
+        solve attends over 11 positions, where a flash kernel's tiles are mostly empty. CUDA only.
+        """
+        backends = {"default": None, "math": [SDPBackend.MATH]}[attention]
+        decoder = self.model.feat_decoder
+        estimator = getattr(decoder.estimator, "estimator", decoder.estimator)  # compiled before: the original
+        decoder.estimator = torch.compile(_AttentionBackends(estimator, backends), fullgraph=True)
+
+    def set_vae_dtype(self, dtype: torch.dtype) -> None:
+        """Run the audio VAE's decode in `dtype`. VoxCPM2 keeps its VAE in float32 (28 ms of a 103 ms step at
+        128 rows on the H200, §3d); bf16 halves its bytes and runs its convolutions on bf16 tensor cores, at
+        the cost of bf16 rounding in the waveform (about 3 significant digits)."""
+        self.model.audio_vae.to(dtype)
+        self.vae_state.to(dtype)
+        self.vae_dtype = dtype
+
     # -- CUDA graphs ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def capture_graphs(self, buckets: list[int], timesteps: int, cfg_value: float) -> None:
@@ -324,6 +372,9 @@ class BatchedVoxCPM:
         `timesteps` diffusion steps; attention then always spans the whole cache (`max_length`)."""
         self.graph_timesteps = timesteps
         self._t_span(timesteps)  # created outside the capture
+        # each bucket has fixed shapes: let cuDNN time its algorithms for them in the warm-up (the default
+        # heuristic picked a 7 ms float32 transposed convolution for the VAE at 128 rows, §3d)
+        torch.backends.cudnn.benchmark = True
         pool = None
         for bucket in sorted(buckets, reverse=True):
             rows = torch.full((bucket,), self.scratch, dtype=torch.long, device=self.device)
@@ -341,6 +392,21 @@ class BatchedVoxCPM:
             pool = graph.pool()
             self.graphs[bucket] = _GraphedStep(graph, rows, noise, cfg, audio, stop)
         torch.cuda.synchronize()
+
+
+class _AttentionBackends(nn.Module):
+    """`estimator` run with scaled-dot-product attention limited to `backends` (None: torch's own choice),
+    traced by torch.compile."""
+
+    def __init__(self, estimator: nn.Module, backends: list[SDPBackend] | None):
+        super().__init__()
+        self.estimator, self.backends = estimator, backends
+
+    def forward(self, *args):
+        if self.backends is None:
+            return self.estimator(*args)
+        with sdpa_kernel(self.backends):
+            return self.estimator(*args)
 
 
 class _GraphedStep:

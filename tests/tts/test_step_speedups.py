@@ -1,0 +1,87 @@
+"""The batched step's speed-ups (BatchedVoxCPM.fold_weight_norm, compile_solver, set_vae_dtype): the first two keep
+the model's audio, the bf16 VAE stays close to it; the service takes --vae-dtype and refuses what it cannot run."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from services.tts.backends.batched_model import BatchedVoxCPM
+from services.tts.backends.voxcpm_model import build_synthetic
+from services.tts.config import TtsConfig, preset_path
+from tests.harness import running_service, venv_python
+from tests.tts.conftest import synthesize
+from voiceagent.serving.config import load_config
+from voiceagent.v1 import common_pb2, tts_pb2_grpc
+
+TEXT = "Three requests step together."
+ROWS, STEPS = 3, 3
+
+
+def engine() -> BatchedVoxCPM:
+    return BatchedVoxCPM(build_synthetic(preset_path("tiny"), weight_seed=0, device="cpu"), ROWS + 1, 128)
+
+
+def speak(batched: BatchedVoxCPM) -> np.ndarray:
+    """STEPS patches of ROWS requests (seeds 0..ROWS-1), from a fresh prefill: [rows, samples]."""
+    slots = list(range(ROWS))
+    batched.prefill(slots, [batched.text_tokens(TEXT)] * ROWS)
+    generators = [torch.Generator().manual_seed(seed) for seed in slots]
+    audio = []
+    for _ in range(STEPS):
+        noise = torch.stack([batched.noise(g) for g in generators])
+        patch, _ = batched.step(slots, [10] * ROWS, [2.0] * ROWS, noise)
+        audio.append(patch.numpy())
+    return np.concatenate(audio, axis=1)
+
+
+def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
+    return 20 * np.log10(np.sqrt(np.mean(reference**2)) / np.sqrt(np.mean((reference - other) ** 2)))
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray:
+    return speak(engine())
+
+
+def test_folding_the_vae_weight_norm_leaves_the_audio_unchanged(reference):
+    batched = engine()
+    batched.fold_weight_norm()
+    vae = batched.model.audio_vae
+    assert not any(hasattr(m, "weight_g") for m in vae.modules()), "a convolution still recomputes its weight"
+    assert sum(1 for m in vae.modules() if isinstance(m, torch.nn.Conv1d)) > 0
+    np.testing.assert_array_equal(speak(batched), reference)
+
+
+def test_the_compiled_solver_gives_the_eager_audio_within_float_rounding(reference):
+    batched = engine()
+    batched.compile_solver("math")  # what the service compiles (batched_engine.SOLVER_ATTENTION)
+    np.testing.assert_allclose(speak(batched), reference, atol=1e-5)
+    assert isinstance(batched.model.feat_decoder.estimator, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def test_a_bf16_vae_stays_within_bf16_rounding_of_the_float32_waveform(reference):
+    batched = engine()
+    batched.set_vae_dtype(torch.bfloat16)
+    audio = speak(batched)
+    assert audio.dtype == np.float32  # what goes out is float32 PCM either way
+    assert not np.array_equal(audio, reference), "the VAE did not run in bf16"
+    assert snr_db(reference, audio) > 20, f"bf16 VAE: {snr_db(reference, audio):.1f} dB against float32"
+
+
+def test_the_service_speaks_with_a_bf16_vae_and_refuses_other_dtypes(reference):
+    args = ["--preset", "tiny", "--backend", "batched", "--max-batch", "2", "--vae-dtype", "bfloat16"]
+    with (
+        running_service("services.tts", venv_python("tts"), args) as service,
+        grpc.insecure_channel(service.address) as channel,
+    ):
+        stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
+        shape = stub.GetInfo(common_pb2.InfoRequest()).model.shape
+        response = synthesize(stub, TEXT, seed=7)
+    assert shape["vae_bits"] == 16 and shape["solver_compiled"] == 0
+    assert response.audio.size > 0 and np.isfinite(response.audio).all()
+    with pytest.raises(SystemExit) as refused:
+        load_config(TtsConfig, "TTS", ["--vae-dtype", "float16"], {})
+    assert "--vae-dtype / TTS_VAE_DTYPE" in str(refused.value)
