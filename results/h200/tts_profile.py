@@ -9,8 +9,9 @@ graphs per batch bucket), prefills B requests, then per B:
   c) the model-derived FLOPs of the step by phase (PatchWork) and the dtype each phase runs in.
 With --variants, first the speed-ups of BatchedVoxCPM applied one after another (cumulative), each timed as
 served at the largest batch after capturing its graph again: base (cuDNN benchmark mode), fold (weight norm
-folded), compile (LocDiT estimator compiled), compile-math (compiled, attention as matrix products), vae-bf16
-(the VAE in bf16); then a) to c) run on the last one.
+folded), compile (LocDiT estimator compiled), compile-math (compiled, attention as matrix products), compile-lms,
+compile-vae (those parts compiled too), vae-bf16 (the VAE in bf16). A variant that fails is reported and undone;
+then a) to c) run on what stands.
 `python3 results/h200/tts_profile.py --batch 128,16`; on a CPU: `--device cpu --preset tiny --batch 4`.
 """
 
@@ -190,6 +191,7 @@ def main() -> None:
     parser.add_argument("--batch", default="128", help="batch sizes, comma-separated (e.g. 128,16)")
     parser.add_argument("--cache-positions", type=int, default=512, help="per slot, as tts_batched.sh runs it")
     parser.add_argument("--variants", default="", help="e.g. base,fold,compile,compile-math,vae-bf16 (cumulative)")
+    parser.add_argument("--sweep-only", action="store_true", help="with --variants: stop after timing them")
     args = parser.parse_args()
     batches, on_cuda = [int(b) for b in args.batch.split(",")], args.device.startswith("cuda")
 
@@ -231,15 +233,27 @@ def main() -> None:
         print(f"\nspeed-ups, cumulative, at B = {rows}: step as served, median of {TIMED}")
         for variant in variants:
             began = time.perf_counter()
-            if variant == "fold":
-                engine.fold_weight_norm()
-            elif variant.startswith("compile"):
-                engine.compile_solver("math" if variant == "compile-math" else "default")
-            elif variant == "vae-bf16":
-                engine.set_vae_dtype(torch.bfloat16)
-            if on_cuda:
+            decoder = model.feat_decoder
+            before = decoder.estimator, engine._lm_step, engine._vae_decode
+            try:
+                if variant == "fold":
+                    engine.fold_weight_norm()
+                elif variant in ("compile", "compile-math"):
+                    engine.compile(("solver",), "math" if variant == "compile-math" else "default")
+                elif variant.startswith("compile-"):  # compile-lms, compile-vae
+                    engine.compile((variant.removeprefix("compile-"),))
+                elif variant == "vae-bf16":
+                    engine.set_vae_dtype(torch.bfloat16)
+                if on_cuda:
+                    engine.graphs.clear()
+                    engine.capture_graphs([rows], TIMESTEPS, CFG_VALUE)
+            except Exception as exc:  # report, undo, go on with the others
+                print(f"  {variant:<14} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                decoder.estimator, engine._lm_step, engine._vae_decode = before
                 engine.graphs.clear()
-                engine.capture_graphs([rows], TIMESTEPS, CFG_VALUE)
+                if on_cuda:
+                    engine.capture_graphs([rows], TIMESTEPS, CFG_VALUE)
+                continue
             set_up_s = time.perf_counter() - began
             slots = fill(rows)
             for _ in range(3):
@@ -247,6 +261,8 @@ def main() -> None:
             ms = statistics.median(timed_ms(functools.partial(served_step, slots), on_cuda) for _ in range(TIMED))
             print(f"  {variant:<14} {ms:8.2f} ms -> {rows * patch_s / (ms / 1000):7.1f} audio-s/s "
                   f"(set-up and capture {set_up_s:.1f} s)", flush=True)  # fmt: skip
+        if args.sweep_only:
+            return
         if on_cuda:  # the buckets of a) to c), with everything applied
             engine.graphs.clear()
             engine.capture_graphs(sorted(set(batches)), TIMESTEPS, CFG_VALUE)

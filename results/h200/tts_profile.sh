@@ -4,11 +4,11 @@
 # same step eagerly under torch.profiler by phase and kernel class). From the repo root on the device, carry
 # `.whl` (voxcpm and its needs, grpcio 1.85) and `voiceagent/v1`: `bash results/h200/tts_profile.sh`.
 # BATCHES (default 128,16) picks the batch sizes; VARIANTS (e.g. base,fold,compile,compile-math,vae-bf16) times the
-# engine's speed-ups one after another first (tts_profile.py --variants); outputs go to $OUT (env.txt, tts_profile.txt).
+# engine's speed-ups one after another first (tts_profile.py --variants; SWEEP_ONLY=1: only that); outputs go to $OUT (env.txt, tts_profile.txt).
 set -u
 # shellcheck source=results/h200/tts_device_env.sh
 . results/h200/tts_device_env.sh
 timeout -k 10 "${PROFILE_S:-260}" python3 results/h200/tts_profile.py --batch "${BATCHES:-128,16}" \
-    --variants "${VARIANTS:-}" 2>&1 \
+    --variants "${VARIANTS:-}" ${SWEEP_ONLY:+--sweep-only} 2>&1 \
     | grep -v -i "warn" | tee "$OUT/tts_profile.txt"
 date -u

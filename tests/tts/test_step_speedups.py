@@ -1,4 +1,4 @@
-"""The batched step's speed-ups (BatchedVoxCPM.fold_weight_norm, compile_solver, set_vae_dtype): the first two keep
+"""The batched step's speed-ups (BatchedVoxCPM.fold_weight_norm, compile, set_vae_dtype): the first two keep
 the model's audio, the bf16 VAE stays close to it; the service takes --vae-dtype and refuses what it cannot run."""
 
 from __future__ import annotations
@@ -55,11 +55,13 @@ def test_folding_the_vae_weight_norm_leaves_the_audio_unchanged(reference):
     np.testing.assert_array_equal(speak(batched), reference)
 
 
-def test_the_compiled_solver_gives_the_eager_audio_within_float_rounding(reference):
+def test_the_compiled_step_gives_the_eager_audio_within_float_rounding(reference):
     batched = engine()
-    batched.compile_solver("math")  # what the service compiles (batched_engine.SOLVER_ATTENTION)
+    batched.compile(("solver", "lms", "vae"), "math")
     np.testing.assert_allclose(speak(batched), reference, atol=1e-5)
     assert isinstance(batched.model.feat_decoder.estimator, torch._dynamo.eval_frame.OptimizedModule)
+    with pytest.raises(ValueError, match="no such part of the step to compile: encoder"):
+        batched.compile(("encoder",))
 
 
 def test_a_bf16_vae_stays_within_bf16_rounding_of_the_float32_waveform(reference):

@@ -41,8 +41,8 @@ class EngineSpec:
     vae_dtype: str = "float32"  # the audio VAE's decode: float32 as VoxCPM2 runs it, or bfloat16
 
 
-# How the compiled LocDiT solve attends over its 11 positions (BatchedVoxCPM.compile_solver)
-SOLVER_ATTENTION = "math"
+# What --compile compiles of the batched step, and how the compiled LocDiT solve attends (BatchedVoxCPM.compile)
+COMPILED_PARTS, SOLVER_ATTENTION = ("solver", "vae"), "math"
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -292,7 +292,7 @@ def build_engine(spec: EngineSpec):
     if spec.vae_dtype != "float32":
         engine.set_vae_dtype(getattr(torch, spec.vae_dtype))
     if spec.model.compile:  # CUDA only (TtsConfig.validate); compiled as the warm-up and the capture run it
-        engine.compile_solver(SOLVER_ATTENTION)
+        engine.compile(COMPILED_PARTS, SOLVER_ATTENTION)
     for rows in sorted({1, spec.max_batch}):  # warm-up: first calls allocate
         engine.prefill(list(range(rows)), [engine.text_tokens("Warm up.")] * rows)
         noise = torch.zeros(rows, engine.feat_dim, engine.patch_size)

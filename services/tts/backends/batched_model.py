@@ -18,7 +18,7 @@ share the step's LM and VAE work and run their DiT solves as one group per step 
 per-row tensor, so it never splits a group. Prefill (`prefill`) runs VoxCPM2's own prefix forward for one
 request at batch 1 and copies its K/V into the slot.
 
-Speed-ups that keep the model's arithmetic (`fold_weight_norm`, `compile_solver`; `capture_graphs` lets cuDNN pick its
+Speed-ups that keep the model's arithmetic (`fold_weight_norm`, `compile`; `capture_graphs` lets cuDNN pick its
 convolution algorithms per captured shape) and one that changes it (`set_vae_dtype`: the audio VAE in bf16)
 are methods the engine's builder calls; see their docstrings for what each removes from the step.
 
@@ -49,14 +49,13 @@ def _lm_step(
     slots: torch.Tensor,
     positions: torch.Tensor,
     x: torch.Tensor,
-    length: int | None = None,
+    length: int,
 ):
     """One decoder position for each row: `x` [B, hidden] at `positions` [B] of cache rows `slots` [B].
 
-    cache: [layers, 2 (k, v), slots, kv_heads, positions, head_dim]. Attention reads positions up to the
-    longest row's (or `length`, fixed for a CUDA graph); shorter rows mask the rest.
+    cache: [layers, 2 (k, v), slots, kv_heads, positions, head_dim]. Attention reads the first `length`
+    positions (the longest row's, or the whole cache for a CUDA graph); shorter rows mask the rest.
     """
-    length = length or int(positions.max()) + 1
     mask = (torch.arange(length, device=x.device) <= positions[:, None]).view(-1, 1, 1, length)
     position_emb = None
     if lm.rope_emb is not None:
@@ -168,6 +167,7 @@ class BatchedVoxCPM:
         self.positions = torch.zeros(slots + 1, dtype=torch.long, device=self.device)
         self.vae_state = _SlotVAEState(model.audio_vae.decoder, slots + 1, self.device)
         self.vae_dtype = next(model.audio_vae.parameters()).dtype  # float32 as VoxCPM2 runs it; see set_vae_dtype
+        self._lm_step, self._vae_decode = _lm_step, model.audio_vae.decode  # compiled by `compile`
         vae = model.audio_vae
         self.sample_rate_condition = torch.tensor(
             [getattr(vae, "out_sample_rate", vae.sample_rate)], device=self.device, dtype=torch.int32
@@ -288,17 +288,18 @@ class BatchedVoxCPM:
             self.condition[rows] = patch
         with record_function("vae decode"):
             self.vae_state.rows = rows
-            audio = model.audio_vae.decode(patches.to(self.vae_dtype), self.sample_rate_condition).float()
+            audio = self._vae_decode(patches.to(self.vae_dtype), self.sample_rate_condition).float()
         with record_function("stop head"):
             stop = model.stop_head(model.stop_actn(model.stop_proj(lm_hidden))).argmax(dim=-1)
 
         positions = self.positions[rows]
+        length = length or int(positions.max()) + 1  # a host read, outside what `compile` traces
         with record_function("base lm"):
-            base = _lm_step(model.base_lm, self.caches["base"], rows, positions, embed, length)
+            base = self._lm_step(model.base_lm, self.caches["base"], rows, positions, embed, length)
             lm_hidden = model.fsq_layer(base)
         with record_function("residual lm"):
             residual_in = model.fusion_concat_proj(torch.cat((lm_hidden, embed), dim=-1))
-            residual = _lm_step(model.residual_lm, self.caches["residual"], rows, positions, residual_in, length)
+            residual = self._lm_step(model.residual_lm, self.caches["residual"], rows, positions, residual_in, length)
             self.residual_hidden[rows] = residual
             self.lm_hidden[rows] = lm_hidden
             self.positions[rows] = positions + 1
@@ -340,22 +341,32 @@ class BatchedVoxCPM:
             if hasattr(module, "weight_g") and hasattr(module, "weight_v"):
                 torch.nn.utils.remove_weight_norm(module)
 
-    def compile_solver(self, attention: str = "default") -> None:
-        """torch.compile the LocDiT estimator, the network the flow-matching solve runs `timesteps` times a step.
+    def compile(self, parts: tuple[str, ...] = ("solver",), attention: str = "default") -> None:
+        """torch.compile parts of the step: "solver" (the LocDiT estimator, run `timesteps` times a step), "lms"
+        (one position of the base and residual LM), "vae" (the audio VAE's decode of the new patch).
 
         Profiled on the H200 at 128 rows (results/h200/README.md §3d), most of the solve is not its matrix
         products but the glue around them: RMSNorm and RoPE upcast to float32 and back, `cat`, `contiguous`
-        and the residual adds, each its own kernel. Inductor fuses that glue into a few Triton kernels; the
-        arithmetic is the model's (same dtypes, float32 inside the norms). Compiled per shape on first use:
-        `capture_graphs` runs each bucket before capturing it, so compiling happens at start-up; after the
-        second bucket the batch dimension is compiled as dynamic. `attention` "math" traces attention as
-        matrix products and a softmax Inductor can fuse, rather than a fused-attention library kernel: the
-        solve attends over 11 positions, where a flash kernel's tiles are mostly empty. CUDA only.
+        and the residual adds, each its own kernel; the LMs and the VAE have the same kind of chains. Inductor
+        fuses them into a few Triton kernels; the arithmetic is the model's (same dtypes, float32 inside the
+        norms). Compiled per shape on first use: `capture_graphs` runs each bucket before capturing it, so
+        compiling happens at start-up; after the second bucket the batch dimension is compiled as dynamic.
+        `attention` "math" traces the solver's attention as matrix products and a softmax Inductor can fuse,
+        rather than a fused-attention library kernel: the solve attends over 11 positions, where a flash
+        kernel's tiles are mostly empty. Meant for CUDA (on a CPU it runs, slowly to compile).
         """
-        backends = {"default": None, "math": [SDPBackend.MATH]}[attention]
-        decoder = self.model.feat_decoder
-        estimator = getattr(decoder.estimator, "estimator", decoder.estimator)  # compiled before: the original
-        decoder.estimator = torch.compile(_AttentionBackends(estimator, backends), fullgraph=True)
+        unknown = set(parts) - {"solver", "lms", "vae"}
+        if unknown:
+            raise ValueError(f"no such part of the step to compile: {', '.join(sorted(unknown))}")
+        if "solver" in parts:
+            backends = {"default": None, "math": [SDPBackend.MATH]}[attention]
+            decoder = self.model.feat_decoder
+            estimator = getattr(decoder.estimator, "estimator", decoder.estimator)  # compiled before: the original
+            decoder.estimator = torch.compile(_AttentionBackends(estimator, backends), fullgraph=True)
+        if "lms" in parts:
+            self._lm_step = torch.compile(_lm_step, fullgraph=True)
+        if "vae" in parts:
+            self._vae_decode = torch.compile(self.model.audio_vae.decode)
 
     def set_vae_dtype(self, dtype: torch.dtype) -> None:
         """Run the audio VAE's decode in `dtype`. VoxCPM2 keeps its VAE in float32 (28 ms of a 103 ms step at
