@@ -9,7 +9,8 @@ graphs per batch bucket), prefills B requests, then per B:
   c) the model-derived FLOPs of the step by phase (PatchWork) and the dtype each phase runs in.
 With --variants, first the speed-ups of BatchedVoxCPM applied one after another (cumulative), each timed as
 served at the largest batch after capturing its graph again: base (cuDNN benchmark mode), fold (weight norm
-folded), compile (LocDiT estimator compiled), compile-math (compiled, attention as matrix products), compile-lms,
+folded), compile (LocDiT estimator compiled), compile-math, -flash, -efficient, -cudnn (compiled, attention held to
+that kernel), compile-lms,
 compile-vae (those parts compiled too), vae-bf16 (the VAE in bf16). A variant that fails is reported and undone;
 then a) to c) run on what stands.
 `python3 results/h200/tts_profile.py --batch 128,16`; on a CPU: `--device cpu --preset tiny --batch 4`.
@@ -31,7 +32,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from services.tts.backends import voxcpm_model
-from services.tts.backends.batched_model import BatchedVoxCPM
+from services.tts.backends.batched_model import SOLVER_ATTENTION, BatchedVoxCPM
 from services.tts.backends.voxcpm import WorkerSpec, load_model
 from services.tts.benchmark import TEXT
 from services.tts.config import TtsConfig
@@ -231,6 +232,7 @@ def main() -> None:
         rows = max(batches)
         slots = fill(rows)
         print(f"\nspeed-ups, cumulative, at B = {rows}: step as served, median of {TIMED}")
+        solver_ms: dict[str, float] = {}
         for variant in variants:
             began = time.perf_counter()
             decoder = model.feat_decoder
@@ -238,8 +240,8 @@ def main() -> None:
             try:
                 if variant == "fold":
                     engine.fold_weight_norm()
-                elif variant in ("compile", "compile-math"):
-                    engine.compile(("solver",), "math" if variant == "compile-math" else "default")
+                elif variant == "compile" or variant.removeprefix("compile-") in SOLVER_ATTENTION:
+                    engine.compile(("solver",), variant.removeprefix("compile").removeprefix("-") or "default")
                 elif variant.startswith("compile-"):  # compile-lms, compile-vae
                     engine.compile((variant.removeprefix("compile-"),))
                 elif variant == "vae-bf16":
@@ -247,6 +249,11 @@ def main() -> None:
                 if on_cuda:
                     engine.graphs.clear()
                     engine.capture_graphs([rows], TIMESTEPS, CFG_VALUE)
+                set_up_s = time.perf_counter() - began
+                slots = fill(rows)
+                for _ in range(3):
+                    served_step(slots)
+                ms = statistics.median(timed_ms(functools.partial(served_step, slots), on_cuda) for _ in range(TIMED))
             except Exception as exc:  # report, undo, go on with the others
                 print(f"  {variant:<14} FAILED: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                 decoder.estimator, engine._lm_step, engine._vae_decode = before
@@ -254,13 +261,12 @@ def main() -> None:
                 if on_cuda:
                     engine.capture_graphs([rows], TIMESTEPS, CFG_VALUE)
                 continue
-            set_up_s = time.perf_counter() - began
-            slots = fill(rows)
-            for _ in range(3):
-                served_step(slots)
-            ms = statistics.median(timed_ms(functools.partial(served_step, slots), on_cuda) for _ in range(TIMED))
+            if variant == "compile" or variant.removeprefix("compile-") in SOLVER_ATTENTION:
+                solver_ms[variant.removeprefix("compile").removeprefix("-") or "default"] = ms
             print(f"  {variant:<14} {ms:8.2f} ms -> {rows * patch_s / (ms / 1000):7.1f} audio-s/s "
                   f"(set-up and capture {set_up_s:.1f} s)", flush=True)  # fmt: skip
+        if solver_ms:  # what results/h200 stages pass on as --solver-attention
+            print(f"fastest solver attention: {min(solver_ms, key=solver_ms.get)}", flush=True)
         if args.sweep_only:
             return
         if on_cuda:  # the buckets of a) to c), with everything applied

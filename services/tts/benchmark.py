@@ -37,7 +37,13 @@ TEXT = "Streaming speech starts before the sentence ends."
 SEED = 1
 
 # Where the models run: set once from --device / --compile, used by every direct copy and every service.
-PLACEMENT = {"device": "cpu", "compile": False, "cache_positions": 2048, "vae_dtype": "float32"}
+PLACEMENT = {
+    "device": "cpu",
+    "compile": False,
+    "cache_positions": 2048,
+    "vae_dtype": "float32",
+    "solver_attention": "default",
+}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -126,7 +132,13 @@ def batched_engine(preset: str, threads: int, max_batch: int, cache_positions: i
 
     config = TtsConfig(preset=preset, threads_per_worker=threads, **PLACEMENT)
     # as the service builds it: the same speed-ups, warm-up and CUDA graphs per bucket
-    spec = EngineSpec(WorkerSpec.from_config(config), max_batch, cache_positions, vae_dtype=config.vae_dtype)
+    spec = EngineSpec(
+        WorkerSpec.from_config(config),
+        max_batch,
+        cache_positions,
+        vae_dtype=config.vae_dtype,
+        solver_attention=config.solver_attention,
+    )
     engine, _, _ = build_engine(spec)
     tokens = engine.text_tokens(TEXT)
     limit = engine.patch_limit(len(tokens), segment_max_len(spec.model, TEXT))
@@ -171,7 +183,7 @@ def service_args(preset: str, backend: str, threads: int, workers: int, max_batc
         "--cache-positions", str(PLACEMENT["cache_positions"]),
         "--threads-per-worker", str(threads), "--max-queue", str(4 * max_batch), "--probe-ceilings", "false",
         "--device", PLACEMENT["device"], "--compile", str(PLACEMENT["compile"]).lower(),
-        "--vae-dtype", PLACEMENT["vae_dtype"],
+        "--vae-dtype", PLACEMENT["vae_dtype"], "--solver-attention", PLACEMENT["solver_attention"],
     ]  # fmt: skip
 
 
@@ -238,9 +250,14 @@ def main() -> None:
     )
     parser.add_argument("--cache-positions", type=int, default=2048, help="batched: cache positions per slot")
     parser.add_argument("--vae-dtype", default="float32", help="batched: the audio VAE's dtype (float32, bfloat16)")
+    parser.add_argument("--solver-attention", default="default", help="batched, compiled: the LocDiT's attention")
     args = parser.parse_args()
     PLACEMENT.update(
-        device=args.device, compile=args.compile, cache_positions=args.cache_positions, vae_dtype=args.vae_dtype
+        device=args.device,
+        compile=args.compile,
+        cache_positions=args.cache_positions,
+        vae_dtype=args.vae_dtype,
+        solver_attention=args.solver_attention,
     )
     levels = [int(c) for c in args.concurrency.split(",")]
     skip = set(filter(None, args.skip.split(",")))
@@ -248,7 +265,8 @@ def main() -> None:
     batched_threads = args.batched_threads or args.pool_workers * args.threads
 
     print(
-        f"preset {args.preset} on {args.device}{' compiled' if args.compile else ''}, VAE {args.vae_dtype}, "
+        f"preset {args.preset} on {args.device}{' compiled' if args.compile else ''} (solver attention "
+        f"{args.solver_attention}), VAE {args.vae_dtype}, "
         f"{args.threads} torch "
         f"thread(s) per model process, text {len(TEXT)} chars, seed {SEED}, {args.requests} requests per client; "
         f"pool: {args.pool_workers} workers; batched: max_batch {top}, "

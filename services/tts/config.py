@@ -21,6 +21,7 @@ OUTPUT_SAMPLE_RATES_HZ = (16_000, 24_000, 48_000)
 TIMESTEPS_RANGE = (1, 50)
 BACKENDS = ("batched", "pool")
 VAE_DTYPES = ("float32", "bfloat16")
+SOLVER_ATTENTIONS = ("default", "math", "flash", "efficient", "cudnn")
 CFG_RANGE = (0.0, 10.0)
 
 
@@ -63,6 +64,13 @@ class TtsConfig(ServingConfig):
         metadata={
             "help": "batched: dtype of the audio VAE's decode: float32 (as VoxCPM2 runs it) or bfloat16 "
             "(bf16 tensor cores and half the bytes on a GPU; the waveform is rounded to bf16's precision)"
+        },
+    )
+    solver_attention: str = dataclasses.field(
+        default="default",
+        metadata={
+            "help": "batched with --compile: attention kernel of the LocDiT solve: default (torch's choice), "
+            "math, flash, efficient, cudnn"
         },
     )
     workers: int = dataclasses.field(
@@ -118,6 +126,11 @@ class TtsConfig(ServingConfig):
         require(self.cache_positions >= 64, "cache_positions", f"must be >= 64, got {self.cache_positions}")
         require(
             self.vae_dtype in VAE_DTYPES, "vae_dtype", f"must be one of {', '.join(VAE_DTYPES)}, got {self.vae_dtype!r}"
+        )
+        require(
+            self.solver_attention in SOLVER_ATTENTIONS,
+            "solver_attention",
+            f"must be one of {', '.join(SOLVER_ATTENTIONS)}, got {self.solver_attention!r}",
         )
         require(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
         require(self.threads_per_worker >= 1, "threads_per_worker", f"must be >= 1, got {self.threads_per_worker}")

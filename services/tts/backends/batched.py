@@ -60,6 +60,7 @@ class BatchedBackend:
             config.cache_positions,
             config.cuda_graphs,
             config.vae_dtype,
+            config.solver_attention,
         )
         self.metrics = tts_metrics()
         self.work = service_metrics("tts")

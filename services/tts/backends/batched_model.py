@@ -41,6 +41,13 @@ from voxcpm.modules.minicpm4.model import MiniCPMModel, apply_rotary_pos_emb
 from services.tts.context import BADCASE_EXTRA, BADCASE_RATIO
 
 MIN_PATCHES = 2  # VoxCPM2's min_len: the stop head is not obeyed before patch 3
+# the attention kernels BatchedVoxCPM.compile can hold the LocDiT solve to
+SOLVER_ATTENTION = {
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
 
 
 def _lm_step(
@@ -351,15 +358,19 @@ class BatchedVoxCPM:
         fuses them into a few Triton kernels; the arithmetic is the model's (same dtypes, float32 inside the
         norms). Compiled per shape on first use: `capture_graphs` runs each bucket before capturing it, so
         compiling happens at start-up; after the second bucket the batch dimension is compiled as dynamic.
-        `attention` "math" traces the solver's attention as matrix products and a softmax Inductor can fuse,
-        rather than a fused-attention library kernel: the solve attends over 11 positions, where a flash
-        kernel's tiles are mostly empty. Meant for CUDA (on a CPU it runs, slowly to compile).
+        `attention` limits the solver's scaled-dot-product attention to one of torch's kernels (SOLVER_ATTENTION;
+        "default": torch's own choice, cuDNN on the H200): the solve attends over 11 positions, where a
+        kernel's tiles are mostly empty, so which one wins is measured (results/h200/tts_profile.py --variants;
+        "math" runs its products in float32). Meant for CUDA (on a CPU it runs, slowly to compile). The LMs
+        ("lms") trace badly: their in-place cache writes become whole-cache copies.
         """
         unknown = set(parts) - {"solver", "lms", "vae"}
         if unknown:
             raise ValueError(f"no such part of the step to compile: {', '.join(sorted(unknown))}")
+        if attention != "default" and attention not in SOLVER_ATTENTION:
+            raise ValueError(f"no such attention: {attention} (default, {', '.join(SOLVER_ATTENTION)})")
         if "solver" in parts:
-            backends = {"default": None, "math": [SDPBackend.MATH]}[attention]
+            backends = None if attention == "default" else [SOLVER_ATTENTION[attention]]
             decoder = self.model.feat_decoder
             estimator = getattr(decoder.estimator, "estimator", decoder.estimator)  # compiled before: the original
             decoder.estimator = torch.compile(_AttentionBackends(estimator, backends), fullgraph=True)
