@@ -196,7 +196,7 @@ def tts_batched_figures() -> dict:
     """The batched TTS engine (services/tts/benchmark.py): per path and concurrency, the final table's row,
     and the service's own step counters."""
     figures = {}
-    for path in sorted(RAW.glob("tts_batched_*.txt")):
+    for path in sorted([*RAW.glob("tts_batched_*.txt"), *(RAW / "tts_fused").glob("bench_*.txt")]):
         text = path.read_text()
         table = text[text.rfind("fa = first audio") :]
         if not TTS_BATCHED_ROW.search(table):
@@ -213,7 +213,8 @@ def tts_batched_figures() -> dict:
              "gflop_per_s": float(gs), "gb_per_s": float(bs)}
             for c, n, r, ms, p, g, mb, gs, bs in TTS_BATCHED_STEPS.findall(table[table.find("its own counters") :])
         ]  # fmt: skip
-        figures[path.stem] = {"source": path.name, "paths": levels, "service_steps": steps}
+        source = path.relative_to(RAW).as_posix()
+        figures[source.removesuffix(".txt")] = {"source": source, "paths": levels, "service_steps": steps}
     return figures
 
 
@@ -261,12 +262,17 @@ def llm_frontends_figures() -> dict:
     """Issue 18: the service with several gRPC front ends vs engine-direct, and `vllm serve --api-server-count 4`."""
     folder = RAW / "llm_frontends"
     figures = {}
-    for path in sorted(folder.glob("llm_frontends_bench_*.txt")):
+    # session 10's runs, then session 11's (s11_*: both engines on one step budget, named in the file)
+    for path in sorted(folder.glob("llm_frontends_bench_*.txt")) + sorted(folder.glob("s11_*_bench_*.txt")):
         preset, bench = _llm_bench(path)
-        figures[f"{preset} service fe{bench['frontends']}"] = bench
-    for path in sorted(folder.glob("llm_frontends_vllm_serve_*.txt")):
-        preset = re.match(r"llm_frontends_vllm_serve_(.+?)(_cut_short)?\.txt", path.name).group(1)
-        figures[f"{preset} vllm serve api-server-count 4"] = {
+        budget = re.search(r"_budget(\d+)", path.name)
+        bench["step_budget_tokens"] = int(budget.group(1)) if budget else None
+        session = " budget " + budget.group(1) + " (session 11)" if budget else ""
+        figures[f"{preset} service fe{bench['frontends']}{session}"] = bench
+    for path in sorted(folder.glob("llm_frontends_vllm_serve_*.txt")) + sorted(folder.glob("s11_*_serve_*.txt")):
+        preset = re.match(r"(s11_)?llm_frontends_vllm_serve_(.+?)(_cut_short)?\.txt", path.name).group(2)
+        session = " (session 11)" if path.name.startswith("s11_") else ""
+        figures[f"{preset} vllm serve api-server-count 4{session}"] = {
             "source": path.relative_to(RAW).as_posix(),
             "levels": vllm_serve_levels(path),
         }
@@ -282,7 +288,7 @@ def tts_profile_figures() -> dict:
     """Issue 16: the batched TTS step at B requests, as served (graph replay) and eagerly by phase x kernel class
     (results/h200/tts_profile.py); device ms per step."""
     figures = {}
-    for path in sorted((RAW / "tts_profile").glob("tts_profile_b*.txt")):
+    for path in sorted([*(RAW / "tts_profile").glob("tts_profile_b*.txt"), *(RAW / "tts_fused").glob("sweep_*.txt")]):
         text = path.read_text()
         served, header = TTS_SERVED.search(text), TTS_PHASE_HEADER.search(text)
         if not (served and header):
@@ -304,6 +310,24 @@ def tts_profile_figures() -> dict:
             "eager_kernels_per_step": int(idle[0][0]) if idle else None,
             "eager_idle_ms_per_step": [float(i[2]) for i in idle],
         }
+    return figures
+
+
+TTS_VARIANT = re.compile(r"^  (\S+)\s+(?:([\d.]+) ms ->\s+([\d.]+) audio-s/s.*|FAILED: (.*))$", re.M)
+
+
+def tts_fused_figures() -> dict:
+    """Issue 16, session 11: the batched step's speed-ups applied one after another, each timed as served at 128
+    rows (results/h200/tts_profile.py --variants): ms per step and audio-s/s, or why it failed."""
+    figures = {}
+    for path in sorted((RAW / "tts_fused").glob("sweep_*.txt")):
+        variants = [
+            {"variant": name, "step_ms": float(ms), "audio_s_per_s": float(rate)}
+            if ms
+            else {"variant": name, "failed": why.strip()}
+            for name, ms, rate, why in TTS_VARIANT.findall(path.read_text())
+        ]
+        figures[path.stem] = {"source": path.relative_to(RAW).as_posix(), "rows": 128, "cumulative": variants}
     return figures
 
 
@@ -415,6 +439,7 @@ def main() -> None:
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "tts_profile": tts_profile_figures(),
+        "tts_fused": tts_fused_figures(),
         "llm": llm_figures(),
         "llm_frontends": llm_frontends_figures(),
         "main_job": main_job_figures(),
