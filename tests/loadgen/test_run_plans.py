@@ -9,7 +9,9 @@ import subprocess
 
 from loadgen.cli import parser
 from loadgen.run_plans import PRESETS, plans, service_args, services_for, workload
+from services.tts.config import TtsConfig
 from tests.harness import REPO
+from voiceagent.serving.config import load_config
 
 
 def _by_target(device: str, quick: bool = False) -> dict:
@@ -35,6 +37,9 @@ def test_cuda_services_get_their_gpu_flags_and_share_the_memory():
     assert "bfloat16" in asr and asr[asr.index("--graph-chunks") + 1] == "320"
     tts = service_args("cuda", "tts", "voxcpm2")
     assert tts[tts.index("--backend") + 1] == "batched" and int(tts[tts.index("--max-batch") + 1]) == 256
+    # the step as measured fastest on the H200 (results/h200/README.md §3e), and flags the TTS service accepts
+    tts_config = load_config(TtsConfig, "TTS", tts, {})
+    assert (tts_config.compile, tts_config.solver_attention, tts_config.vae_dtype) == (True, "flash", "bfloat16")
 
 
 def test_cpu_run_is_unchanged():

@@ -3,12 +3,16 @@ the model's audio, the bf16 VAE stays close to it; the service takes --vae-dtype
 
 from __future__ import annotations
 
+import dataclasses
+
 import grpc
 import numpy as np
 import pytest
 import torch
 
+from services.tts.backends.batched_engine import EngineSpec, build_engine
 from services.tts.backends.batched_model import BatchedVoxCPM
+from services.tts.backends.voxcpm import WorkerSpec
 from services.tts.backends.voxcpm_model import build_synthetic
 from services.tts.config import TtsConfig, preset_path
 from tests.harness import running_service, venv_python
@@ -87,3 +91,20 @@ def test_the_service_speaks_with_a_bf16_vae_and_refuses_other_dtypes(reference):
     with pytest.raises(SystemExit) as refused:
         load_config(TtsConfig, "TTS", ["--vae-dtype", "float16"], {})
     assert "--vae-dtype / TTS_VAE_DTYPE" in str(refused.value)
+
+
+class _NoCompiler(torch.nn.Module):
+    """What torch.compile gives where Triton cannot build its kernels: a module that fails when first called."""
+
+    def forward(self, *args):
+        raise RuntimeError("Failed to find C compiler")
+
+
+def test_an_engine_whose_compiled_step_fails_serves_it_uncompiled(monkeypatch, reference):
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda *args, **kwargs: compiled.append(args) or _NoCompiler())
+    model = dataclasses.replace(WorkerSpec.from_config(TtsConfig(preset="tiny")), compile=True)
+    engine_, _, payload = build_engine(EngineSpec(model, ROWS + 1, 128))
+    assert len(compiled) == 2  # the solver and the VAE (batched_engine.COMPILED_PARTS)
+    assert not engine_.compiled and payload["shape"]["solver_compiled"] == 0
+    np.testing.assert_array_equal(speak(engine_), reference)  # the fold is exact, the rest is the eager step

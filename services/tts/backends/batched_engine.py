@@ -298,16 +298,28 @@ def build_engine(spec: EngineSpec):
         engine.set_vae_dtype(getattr(torch, spec.vae_dtype))
     if spec.model.compile:  # CUDA only (TtsConfig.validate); compiled as the warm-up and the capture run it
         engine.compile(COMPILED_PARTS, spec.solver_attention)
-    for rows in sorted({1, spec.max_batch}):  # warm-up: first calls allocate
-        engine.prefill(list(range(rows)), [engine.text_tokens("Warm up.")] * rows)
-        noise = torch.zeros(rows, engine.feat_dim, engine.patch_size)
-        engine.step(list(range(rows)), [spec.model.timesteps] * rows, [spec.model.cfg_value] * rows, noise)
+
+    def warm_up() -> None:  # first calls allocate (and compile)
+        for rows in sorted({1, spec.max_batch}):
+            engine.prefill(list(range(rows)), [engine.text_tokens("Warm up.")] * rows)
+            noise = torch.zeros(rows, engine.feat_dim, engine.patch_size)
+            engine.step(list(range(rows)), [spec.model.timesteps] * rows, [spec.model.cfg_value] * rows, noise)
+
+    try:
+        warm_up()
+    except Exception:
+        if not engine.compiled:
+            raise
+        # serve uncompiled rather than not at all (Triton needs a C compiler at run time, for one); the log says why
+        log.exception("the compiled step failed in its warm-up; the engine runs it uncompiled")
+        engine.uncompile()
+        warm_up()
     payload["shape"] |= {
         "cache_positions": engine.max_length,
         "graph_buckets": 0,
         "graph_capture_s": 0.0,
         "vae_bits": torch.finfo(engine.vae_dtype).bits,
-        "solver_compiled": int(spec.model.compile),
+        "solver_compiled": int(engine.compiled),
     }
     if spec.cuda_graphs and engine.device.type == "cuda":
         started = time.perf_counter()

@@ -175,6 +175,7 @@ class BatchedVoxCPM:
         self.vae_state = _SlotVAEState(model.audio_vae.decoder, slots + 1, self.device)
         self.vae_dtype = next(model.audio_vae.parameters()).dtype  # float32 as VoxCPM2 runs it; see set_vae_dtype
         self._lm_step, self._vae_decode = _lm_step, model.audio_vae.decode  # compiled by `compile`
+        self._uncompiled: tuple | None = None  # what `compile` replaced, for `uncompile`
         vae = model.audio_vae
         self.sample_rate_condition = torch.tensor(
             [getattr(vae, "out_sample_rate", vae.sample_rate)], device=self.device, dtype=torch.int32
@@ -369,6 +370,8 @@ class BatchedVoxCPM:
             raise ValueError(f"no such part of the step to compile: {', '.join(sorted(unknown))}")
         if attention != "default" and attention not in SOLVER_ATTENTION:
             raise ValueError(f"no such attention: {attention} (default, {', '.join(SOLVER_ATTENTION)})")
+        if self._uncompiled is None:
+            self._uncompiled = self.model.feat_decoder.estimator, self._lm_step, self._vae_decode
         if "solver" in parts:
             backends = None if attention == "default" else [SOLVER_ATTENTION[attention]]
             decoder = self.model.feat_decoder
@@ -378,6 +381,16 @@ class BatchedVoxCPM:
             self._lm_step = torch.compile(_lm_step, fullgraph=True)
         if "vae" in parts:
             self._vae_decode = torch.compile(self.model.audio_vae.decode)
+
+    @property
+    def compiled(self) -> bool:
+        return self._uncompiled is not None
+
+    def uncompile(self) -> None:
+        """Back to the eager modules `compile` replaced (e.g. when compiling failed: no C compiler for Triton)."""
+        if self._uncompiled is not None:
+            self.model.feat_decoder.estimator, self._lm_step, self._vae_decode = self._uncompiled
+            self._uncompiled = None
 
     def set_vae_dtype(self, dtype: torch.dtype) -> None:
         """Run the audio VAE's decode in `dtype`. VoxCPM2 keeps its VAE in float32 (28 ms of a 103 ms step at
