@@ -3,12 +3,14 @@ stop it: the one launcher the load generator, the benchmarks, the results/ scrip
 
 A service prints `<name>: gRPC listening on HOST:PORT, metrics on URL` once bound (voiceagent/serving/server.py);
 ports are chosen by the OS (port 0), so launched services never collide with others. Output goes to a log file
-(a temporary one unless named), which is what failure messages quote. A service started here stops (SIGTERM: it
-drains) when the process that started it dies, however (voiceagent/serving/lifeline.py).
+(a temporary one unless named), which is what failure messages quote; temporary logs are removed when the
+launching process exits (VOICEAGENT_KEEP_LOGS=1 keeps them). A service started here stops (SIGTERM: it drains)
+when the process that started it dies, however (voiceagent/serving/lifeline.py).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -41,6 +43,16 @@ def venv_python(name: str) -> str:
     return str(path)
 
 
+_TEMPORARY_LOGS: list[Path] = []  # logs this process made up for its children, removed when it exits
+
+
+@atexit.register
+def _remove_temporary_logs() -> None:
+    if os.environ.get("VOICEAGENT_KEEP_LOGS") != "1":
+        for log in _TEMPORARY_LOGS:
+            log.unlink(missing_ok=True)
+
+
 class Process:
     """A child process with its output in `log`; `stop` sends SIGTERM (services drain), then kills."""
 
@@ -49,6 +61,7 @@ class Process:
             handle, path = tempfile.mkstemp(prefix=f"{name.replace(' ', '-')}-", suffix=".log")
             os.close(handle)
             log = Path(path)
+            _TEMPORARY_LOGS.append(log)
         self.name, self.log = name, log
         self.started_at = time.time()  # wall clock, to tell which start-ups overlapped what
         with log.open("w") as out:

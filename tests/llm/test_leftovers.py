@@ -1,0 +1,41 @@
+"""A stopped LLM service leaves nothing in the temp folder but caches: vLLM's IPC sockets (seven per start, left
+behind by vLLM itself) live in a folder of the service's own, removed when it exits."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.harness import running_service, venv_python
+from tests.llm.conftest import READY_TIMEOUT_S, TEST_ARGS, TEST_ENV
+
+CACHES = {"torchinductor_root", "voiceagent-llm"}  # torch's compile cache; the staged model folder, kept to reuse
+
+
+def sockets(folder) -> list[str]:
+    return [p.name for p in folder.rglob("*") if stat.S_ISSOCK(p.lstat().st_mode)]
+
+
+@pytest.fixture
+def short_tmp():
+    """A temp folder with a short path: a Unix socket's path holds at most 107 bytes (pytest's tmp_path is longer)."""
+    folder = Path(tempfile.mkdtemp(prefix="llm-left-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_stopped_llm_service_leaves_only_caches_in_its_temp_folder(short_tmp):
+    tmp_path = short_tmp
+    args = ["--preset", "tiny", *TEST_ARGS]
+    env = {**TEST_ENV, "TMPDIR": str(tmp_path)}
+    with running_service("services.llm", venv_python("llm"), args, env, READY_TIMEOUT_S):
+        (private,) = tmp_path.glob("va-llm-*")
+        assert sockets(private), "vLLM's IPC sockets are not in the service's own folder"
+        assert not [name for name in sockets(tmp_path) if not (tmp_path / private.name / name).exists()]
+    left = {p.name for p in tmp_path.iterdir()}
+    assert left <= CACHES, f"left behind: {sorted(left - CACHES)}"
+    assert not sockets(tmp_path)
