@@ -185,7 +185,9 @@ def tts_figures() -> dict:
 
 
 TTS_BATCHED_ROW = re.compile(
-    r"^\s*(\d+) (batched service|batched engine direct)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", re.M
+    r"^\s*(\d+) (batched service|batched engine direct)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
+    r"(?:\s+([\d.]+|-))?$",  # sustained audio s/s, printed since session 11
+    re.M,
 )
 TTS_BATCHED_STEPS = re.compile(
     r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", re.M
@@ -202,11 +204,12 @@ def tts_batched_figures() -> dict:
         if not TTS_BATCHED_ROW.search(table):
             continue
         levels: dict[str, list[dict]] = {}
-        for c, name, fa50, fa95, rtf50, rtf95, audio in TTS_BATCHED_ROW.findall(table):
-            levels.setdefault(name, []).append(
-                {"concurrency": int(c), "first_audio_p50_ms": float(fa50), "first_audio_p95_ms": float(fa95),
-                 "rtf_p50": float(rtf50), "rtf_p95": float(rtf95), "audio_s_per_s": float(audio)}
-            )  # fmt: skip
+        for c, name, fa50, fa95, rtf50, rtf95, audio, sustained in TTS_BATCHED_ROW.findall(table):
+            level = {"concurrency": int(c), "first_audio_p50_ms": float(fa50), "first_audio_p95_ms": float(fa95),
+                     "rtf_p50": float(rtf50), "rtf_p95": float(rtf95), "audio_s_per_s": float(audio)}  # fmt: skip
+            if sustained not in ("", "-"):
+                level["sustained_audio_s_per_s"] = float(sustained)
+            levels.setdefault(name, []).append(level)
         steps = [
             {"concurrency": int(c), "steps": int(n), "requests_per_step": float(r), "step_ms": float(ms),
              "prefill_ms_per_step": float(p), "gflop_per_step": float(g), "mb_per_step": float(mb),

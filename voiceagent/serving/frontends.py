@@ -233,24 +233,26 @@ class Supervisor:
         """SIGTERM to every front end (each drains its streams), then the engine."""
         from prometheus_client import multiprocess
 
-        for process in self.processes:
-            if process.exitcode is None:
-                os.kill(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.config.grace_s + 30
-        for process in self.processes:
-            await asyncio.to_thread(process.join, max(0.0, deadline - time.monotonic()))
-            if process.exitcode is None:
-                process.kill()
-                await asyncio.to_thread(process.join)
-            multiprocess.mark_process_dead(process.pid, self.metrics_dir)
-        for channel in self.channels:
-            await channel.close()
-        await asyncio.to_thread(self.launcher.stop)
-        self.port_holder.close()
-        if getattr(self, "metrics_server", None) is not None:
-            self.metrics_server.shutdown()
-            self.metrics_server.server_close()
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        try:
+            for process in self.processes:
+                if process.exitcode is None:
+                    os.kill(process.pid, signal.SIGTERM)
+            deadline = time.monotonic() + self.config.grace_s + 30
+            for process in self.processes:
+                await asyncio.to_thread(process.join, max(0.0, deadline - time.monotonic()))
+                if process.exitcode is None:
+                    process.kill()
+                    await asyncio.to_thread(process.join)
+                multiprocess.mark_process_dead(process.pid, self.metrics_dir)
+            for channel in self.channels:
+                await channel.close()
+            await asyncio.to_thread(self.launcher.stop)
+            self.port_holder.close()
+            if getattr(self, "metrics_server", None) is not None:
+                self.metrics_server.shutdown()
+                self.metrics_server.server_close()
+        finally:  # the metrics folder goes whatever failed above
+            shutil.rmtree(self.metrics_dir, ignore_errors=True)
         print(f"{self.name}: stopped", flush=True)
 
 

@@ -1,0 +1,36 @@
+"""bench-tts's sustained throughput: the audio that arrived while every client was busy, over that window; a level
+measured for real against the tiny service has such a window and counts only chunks inside it."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from services.tts.benchmark import service_level, sustained_rate
+from tests.harness import running_service, venv_python
+from voiceagent.v1 import tts_pb2_grpc
+
+
+def test_only_chunks_inside_the_window_count():
+    chunks = [(0.5, 0.16), (1.0, 0.16), (1.5, 0.16), (2.0, 0.16), (3.5, 0.16)]
+    assert sustained_rate(chunks, 1.0, 2.0) == pytest.approx(3 * 0.16 / 1.0)
+    assert sustained_rate(chunks, 2.0, 2.0) is None  # a client finished before the last one started hearing audio
+
+
+def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
+    args = ["--preset", "tiny", "--backend", "batched", "--max-batch", "4"]
+    with (
+        running_service("services.tts", venv_python("tts"), args) as service,
+        grpc.insecure_channel(service.address) as channel,
+    ):
+        level = service_level(tts_pb2_grpc.SpeechSynthesizerStub(channel), 3, 3)
+    start, end = level.window
+    arrivals = [at for at, _ in level.chunks]
+    assert min(arrivals) <= start < end <= max(arrivals)
+    assert len(level.runs) == 9 and sum(seconds for _, seconds in level.chunks) == pytest.approx(
+        sum(run[2] for run in level.runs)
+    )
+    inside = sum(seconds for at, seconds in level.chunks if start <= at <= end)
+    assert 0 < inside < sum(run[2] for run in level.runs)  # the start and the tail are left out
+    assert sustained_rate(level.chunks, start, end) == pytest.approx(inside / (end - start))
+    assert level.row("batched service", 3).split()[-1] != "-"
