@@ -10,7 +10,8 @@
 #         `vllm serve --api-server-count 4` on the same preset and engine settings (services/llm/serve_args.py),
 #         measured by vLLM's own client (`vllm bench serve`, random prompts of 64 tokens, 128 new, ignore_eos)
 #         at max concurrency 1 16 64 256: its TTFT and output tokens/s, beside the service's
-# BENCH_ARGS: more benchmark flags for both engines, e.g. "--max-num-batched-tokens 2048" (the step budget).
+# BENCH_ARGS: more benchmark flags for both engines, e.g. "--max-num-batched-tokens 2048" (the step budget); ROUNDS:
+# alternating rounds per level (default 2; at 256 two rounds of the 8B spread by 40-76 ms, README §4c).
 # Targets (issue 18): service >= 97 % of engine-direct tokens/s at every concurrency, TTFT p50 added <= 5 ms at 256.
 set -u
 OUT=${OUT:-/tmp/h200-out}
@@ -38,7 +39,7 @@ setup() {
 bench() { # $1 preset, $2 front ends, $3 time limit (s)
     local preset=$1 frontends=$2 limit=$3
     timeout -k 10 "$limit" python3 -m services.llm.benchmark --preset "$preset" --device cuda \
-        --gpu-memory-utilization 0.4 --max-in-flight 256 --concurrency 1 16 64 256 --rounds 2 \
+        --gpu-memory-utilization 0.4 --max-in-flight 256 --concurrency 1 16 64 256 --rounds "${ROUNDS:-2}" \
         --prompt-tokens 64 --max-tokens 128 --frontends "$frontends" ${BENCH_ARGS:-} 2>&1 |
         tee "$OUT/llm_frontends_bench_${preset}_fe$frontends.txt"
 }
