@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from loadgen.processes import HttpProcess, peer_command
+from loadgen.processes import PEER_PRIVATE_TMP, HttpProcess, peer_command
 from loadgen.results import LevelResult
 from loadgen.sweep import SweepPlan, free_port, run_sweep
 from loadgen.workload import Workload
@@ -135,7 +135,9 @@ def side_by_side(
     command = [*peer_command(info.model.preset, port := free_port(), service_args), *peer_args]
     stages.begin("starting vllm serve (the peer) on the same preset, beside our LLM service")
     base_url = f"http://127.0.0.1:{port}"
-    peer_process = HttpProcess("vllm serve", command, folder / "vllm-serve.log", f"{base_url}/v1/models")
+    peer_process = HttpProcess(
+        "vllm serve", command, folder / "vllm-serve.log", f"{base_url}/v1/models", private_tmp=PEER_PRIVATE_TMP
+    )
     sides = {
         "ours": ("llm", workload),
         "peer": ("openai", dataclasses.replace(workload, endpoints=dataclasses.replace(workload.endpoints,

@@ -15,7 +15,11 @@ from pathlib import Path
 
 from voiceagent.serving.launcher import REPO, HttpProcess, ServiceProcess, venv_python
 
-__all__ = ["HttpProcess", "ServiceProcess", "peer_command", "service_process"]
+__all__ = ["PEER_PRIVATE_TMP", "HttpProcess", "ServiceProcess", "peer_command", "service_process"]
+
+# `vllm serve` binds its ZMQ IPC sockets under this folder (default: the temp folder, where it leaves them behind);
+# its launcher gives it a folder of its own, removed once it stopped (HttpProcess's private_tmp).
+PEER_PRIVATE_TMP = "VLLM_RPC_BASE_PATH"
 
 
 def service_process(name: str, log: Path, args: list[str] | None = None) -> ServiceProcess:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from loadgen.processes import HttpProcess, peer_command
+from loadgen.processes import PEER_PRIVATE_TMP, HttpProcess, peer_command
 from tests.harness import REPO, sample_sum, scrape_samples, start_service, venv_python
 from tests.llm.conftest import READY_TIMEOUT_S, TEST_ENV, generate
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
@@ -41,7 +41,7 @@ def vllm_serve(tmp_path_factory):
     base_url = f"http://127.0.0.1:{port}"
     log = tmp_path_factory.mktemp("vllm-serve") / "vllm-serve.log"
     process = HttpProcess("vllm serve", peer_command("tiny", port) + SERVE_TEST_ARGS, log, f"{base_url}/v1/models",
-                          env=TEST_ENV)  # fmt: skip
+                          env=TEST_ENV, private_tmp=PEER_PRIVATE_TMP)  # fmt: skip
     try:
         process.wait_ready(READY_TIMEOUT_S)
         yield base_url

@@ -4,8 +4,10 @@ stop it: the one launcher the load generator, the benchmarks, the results/ scrip
 A service prints `<name>: gRPC listening on HOST:PORT, metrics on URL` once bound (voiceagent/serving/server.py);
 ports are chosen by the OS (port 0), so launched services never collide with others. Output goes to a log file
 (a temporary one unless named), which is what failure messages quote; temporary logs are removed when the
-launching process exits (VOICEAGENT_KEEP_LOGS=1 keeps them). A service started here stops (SIGTERM: it drains)
-when the process that started it dies, however (voiceagent/serving/lifeline.py).
+launching process exits (VOICEAGENT_KEEP_LOGS=1 keeps them). A child can be given a folder of its own for what it
+would leave in the temp folder (`private_tmp`: e.g. `vllm serve`'s IPC sockets), removed once it stopped. A service
+started here stops (SIGTERM: it drains) when the process that started it dies, however
+(voiceagent/serving/lifeline.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import atexit
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from voiceagent.serving.lifeline import launcher_env
+from voiceagent.serving.tempdirs import private_folder
 from voiceagent.serving.tls import PLAINTEXT, ClientTls, open_channel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,19 +48,30 @@ def venv_python(name: str) -> str:
 
 
 _TEMPORARY_LOGS: list[Path] = []  # logs this process made up for its children, removed when it exits
+_PRIVATE_FOLDERS: list[Path] = []  # children's own temp folders, removed when it exits (if not before)
 
 
 @atexit.register
-def _remove_temporary_logs() -> None:
+def _remove_temporary_files() -> None:
     if os.environ.get("VOICEAGENT_KEEP_LOGS") != "1":
         for log in _TEMPORARY_LOGS:
             log.unlink(missing_ok=True)
+    for folder in _PRIVATE_FOLDERS:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class Process:
     """A child process with its output in `log`; `stop` sends SIGTERM (services drain), then kills."""
 
-    def __init__(self, name: str, command: Sequence[str], log: Path | None = None, env: dict[str, str] | None = None):
+    def __init__(self, name: str, command: Sequence[str], log: Path | None = None, env: dict[str, str] | None = None,
+                 private_tmp: str = ""):  # fmt: skip
+        """`private_tmp`: an environment variable the child gets naming a folder of its own, removed once the
+        child stopped (by `stop`, or when this process exits)."""
+        self.private = None
+        if private_tmp:
+            self.private = private_folder(f"{name.replace(' ', '-')}-")
+            _PRIVATE_FOLDERS.append(self.private)
+            env = {**(env or {}), private_tmp: str(self.private)}
         if log is None:
             handle, path = tempfile.mkstemp(prefix=f"{name.replace(' ', '-')}-", suffix=".log")
             os.close(handle)
@@ -93,6 +108,8 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.private is not None:
+            shutil.rmtree(self.private, ignore_errors=True)
         return self.proc.returncode
 
 
@@ -154,8 +171,8 @@ class HttpProcess(Process):
     """A server that is ready when GET `ready_url` answers 200 (e.g. `vllm serve`'s /v1/models)."""
 
     def __init__(self, name: str, command: Sequence[str], log: Path | None, ready_url: str,
-                 env: dict[str, str] | None = None):  # fmt: skip
-        super().__init__(name, command, log, env)
+                 env: dict[str, str] | None = None, private_tmp: str = ""):  # fmt: skip
+        super().__init__(name, command, log, env, private_tmp)
         self.ready_url = ready_url
 
     def wait_ready(self, timeout_s: float) -> None:
