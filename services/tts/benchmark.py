@@ -278,7 +278,7 @@ def main() -> None:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="CUDA: pool and direct: VoxCPM's torch.compile + CUDA graphs; batched: the LocDiT solve compiled",
+        help="CUDA: pool and direct: VoxCPM's torch.compile + CUDA graphs; batched: the LocDiT solve and VAE compiled",
     )
     parser.add_argument("--cache-positions", type=int, default=2048, help="batched: cache positions per slot")
     parser.add_argument("--vae-dtype", default="float32", help="batched: the audio VAE's dtype (float32, bfloat16)")

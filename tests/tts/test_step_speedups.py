@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from services.tts.backends.batched_engine import EngineSpec, build_engine
-from services.tts.backends.batched_model import BatchedVoxCPM
+from services.tts.backends.batched_model import SOLVER_ATTENTION, BatchedVoxCPM
 from services.tts.backends.voxcpm import WorkerSpec
 from services.tts.backends.voxcpm_model import build_synthetic
-from services.tts.config import TtsConfig, preset_path
+from services.tts.config import SOLVER_ATTENTIONS, TtsConfig, preset_path
 from tests.harness import running_service, venv_python
 from tests.tts.conftest import synthesize
 from voiceagent.serving.config import load_config
@@ -66,6 +66,8 @@ def test_the_compiled_step_gives_the_eager_audio_within_float_rounding(reference
     assert isinstance(batched.model.feat_decoder.estimator, torch._dynamo.eval_frame.OptimizedModule)
     with pytest.raises(ValueError, match="no such part of the step to compile: encoder"):
         batched.compile(("encoder",))
+    # the service's --solver-attention choices are the kernels compile knows
+    assert set(SOLVER_ATTENTIONS) == {"default", *SOLVER_ATTENTION}
 
 
 def test_a_bf16_vae_stays_within_bf16_rounding_of_the_float32_waveform(reference):

@@ -374,13 +374,12 @@ class BatchedVoxCPM:
             self._uncompiled = self.model.feat_decoder.estimator, self._lm_step, self._vae_decode
         if "solver" in parts:
             backends = None if attention == "default" else [SOLVER_ATTENTION[attention]]
-            decoder = self.model.feat_decoder
-            estimator = getattr(decoder.estimator, "estimator", decoder.estimator)  # compiled before: the original
-            decoder.estimator = torch.compile(_AttentionBackends(estimator, backends), fullgraph=True)
+            estimator = self._uncompiled[0]  # the eager one, also when compiled before
+            self.model.feat_decoder.estimator = torch.compile(_AttentionBackends(estimator, backends), fullgraph=True)
         if "lms" in parts:
-            self._lm_step = torch.compile(_lm_step, fullgraph=True)
+            self._lm_step = torch.compile(self._uncompiled[1], fullgraph=True)
         if "vae" in parts:
-            self._vae_decode = torch.compile(self.model.audio_vae.decode)
+            self._vae_decode = torch.compile(self._uncompiled[2])
 
     @property
     def compiled(self) -> bool:
