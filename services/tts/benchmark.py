@@ -1,7 +1,8 @@
 """TTS: batched service vs worker-pool service vs VoxCPM direct, by concurrency, in one run.
 
 `make bench-tts`. Same preset, weights, text and threads everywhere. At each concurrency C, C clients start
-together and each makes `--requests` Synthesize calls back to back over a real gRPC channel:
+together (or spread over `--ramp-s`) and each makes `--requests` Synthesize calls back to back over a real gRPC
+channel:
 
 - batched service: `python -m services.tts --backend batched --max-batch <max C>`: one model, the requests
   share every patch step;
@@ -72,13 +73,15 @@ class Level:
         wall_s: float,
         chunks: list[tuple[float, float]] | None = None,
         window: tuple[float, float] | None = None,
+        audio_s: float | None = None,
     ):
         self.runs, self.wall_s, self.chunks, self.window = runs, wall_s, chunks, window
+        self.audio_s = sum(r[2] for r in runs) if audio_s is None else audio_s  # all audio, for the aggregate
 
     def row(self, name: str, concurrency: int) -> str:
         first = [r[0] * 1000 for r in self.runs]
         rtf = [r[1] for r in self.runs]
-        throughput = sum(r[2] for r in self.runs) / self.wall_s
+        throughput = self.audio_s / self.wall_s
         sustained = sustained_rate(self.chunks, *self.window) if self.chunks is not None and self.window else None
         return (
             f"{concurrency:>5} {name:<22}{percentile(first, 50):>9.0f}{percentile(first, 95):>9.0f}"
@@ -213,47 +216,62 @@ def service_args(preset: str, backend: str, threads: int, workers: int, max_batc
     ]  # fmt: skip
 
 
-def service_level(stub, concurrency: int, requests: int) -> Level:
+def service_level(stub, concurrency: int, requests: int, ramp_s: float = 0.0) -> Level:
+    """C clients making `requests` calls each, back to back. With `ramp_s`, client i starts i/C of it after the
+    first, so their requests do not all start (and end) together; the first-audio and RTF percentiles then count
+    only the requests started once every client had started (the steady state), the aggregate counts all."""
     runs: list[tuple[float, float, float]] = []
     chunks: list[tuple[float, float]] = []
     spans: list[tuple[float, float]] = []  # per client: its first audio, its last chunk
-    barrier = threading.Barrier(concurrency)
+    steady_from = [0.0]  # set as the clients are released: when the last one starts
+    barrier = threading.Barrier(
+        concurrency,
+        action=lambda: steady_from.__setitem__(0, time.perf_counter() + ramp_s * (concurrency - 1) / concurrency),
+    )
 
-    def client() -> None:
+    def client(index: int) -> None:
         mine: list[tuple[float, float]] = []
         barrier.wait()
+        time.sleep(ramp_s * index / concurrency)
         for _ in range(requests):
-            runs.append(service_run(stub, TEXT, mine))
+            begun = time.perf_counter()
+            run = service_run(stub, TEXT, mine)
+            if begun >= steady_from[0] or not ramp_s:
+                runs.append(run)
         chunks.extend(mine)
         spans.append((mine[0][0], mine[-1][0]))
 
-    clients = [threading.Thread(target=client) for _ in range(concurrency)]
+    clients = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
     started = time.perf_counter()
     for thread in clients:
         thread.start()
     for thread in clients:
         thread.join()
     window = (max(first for first, _ in spans), min(last for _, last in spans))
-    return Level(runs, time.perf_counter() - started, chunks, window)
+    wall_s = time.perf_counter() - started
+    audio_s = sum(seconds for _, seconds in chunks)
+    return Level(runs, wall_s, chunks, window, audio_s)
 
 
 def counters(url: str) -> dict[str, float]:
     wanted = (
         "voiceagent_tts_step_requests_sum", "voiceagent_tts_step_requests_count",
         "voiceagent_tts_step_seconds_sum", "voiceagent_tts_prefill_seconds_sum",
+        "voiceagent_tts_hidden_prefill_seconds_sum",
         "voiceagent_tts_model_flops_total", "voiceagent_tts_model_read_bytes_total",
     )  # fmt: skip
     return {s.name: s.value for s in scrape_samples(url) if s.name in wanted}
 
 
 def step_counters(before: dict[str, float], after: dict[str, float], concurrency: int) -> str:
-    grew = {name: after[name] - before[name] for name in after}
+    grew = {name: after[name] - before.get(name, 0.0) for name in after}
     steps = grew["voiceagent_tts_step_requests_count"] or 1
     step_s = grew["voiceagent_tts_step_seconds_sum"]
     flops, read = grew["voiceagent_tts_model_flops_total"], grew["voiceagent_tts_model_read_bytes_total"]
     return (
         f"{concurrency:>5} {steps:>6.0f}{grew['voiceagent_tts_step_requests_sum'] / steps:>8.1f}"
         f"{1000 * step_s / steps:>9.1f}{1000 * grew['voiceagent_tts_prefill_seconds_sum'] / steps:>10.2f}"
+        f"{1000 * grew['voiceagent_tts_hidden_prefill_seconds_sum'] / steps:>9.2f}"
         f"{flops / steps / 1e9:>11.3f}{read / steps / 1e6:>10.1f}"
         f"{flops / max(step_s, 1e-9) / 1e9:>11.2f}{read / max(step_s, 1e-9) / 1e9:>10.2f}"
     )
@@ -272,6 +290,13 @@ def main() -> None:
         default=0,
         help="torch threads of the batched engine (default: pool workers x threads, the same cores)",
     )
+    parser.add_argument(
+        "--ramp-s",
+        type=float,
+        default=0.0,
+        help="services: clients start spread over this many seconds (0: together); percentiles then count the "
+        "requests started after the ramp",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="direct runs at C=1")
     parser.add_argument("--skip", default="", help="paths to leave out: pool,direct,engine")
     parser.add_argument("--device", default="cpu", help="torch device of every model (cuda on a GPU)")
@@ -284,6 +309,8 @@ def main() -> None:
     parser.add_argument("--vae-dtype", default="float32", help="batched: the audio VAE's dtype (float32, bfloat16)")
     parser.add_argument("--solver-attention", default="default", help="batched, compiled: the LocDiT's attention")
     args = parser.parse_args()
+    if args.ramp_s and args.requests < 2:
+        parser.error("--ramp-s needs --requests >= 2: percentiles count the requests started after the ramp")
     PLACEMENT.update(
         device=args.device,
         compile=args.compile,
@@ -300,7 +327,8 @@ def main() -> None:
         f"preset {args.preset} on {args.device}{' compiled' if args.compile else ''} (solver attention "
         f"{args.solver_attention}), VAE {args.vae_dtype}, "
         f"{args.threads} torch "
-        f"thread(s) per model process, text {len(TEXT)} chars, seed {SEED}, {args.requests} requests per client; "
+        f"thread(s) per model process, text {len(TEXT)} chars, seed {SEED}, {args.requests} requests per client"
+        f"{f' (clients ramped over {args.ramp_s:g} s)' if args.ramp_s else ''}; "
         f"pool: {args.pool_workers} workers; batched: max_batch {top}, "
         f"{batched_threads} torch threads; load average {os.getloadavg()[0]:.1f}",
         flush=True,
@@ -325,7 +353,7 @@ def main() -> None:
         for concurrency in levels:
             before = counters(service.metrics_url)
             rows[concurrency].append(
-                service_level(stub, concurrency, args.requests).row("batched service", concurrency)
+                service_level(stub, concurrency, args.requests, args.ramp_s).row("batched service", concurrency)
             )
             steps.append(step_counters(before, counters(service.metrics_url), concurrency))
             print(rows[concurrency][-1], flush=True)
@@ -355,7 +383,7 @@ def main() -> None:
             service_run(stub, TEXT)
             for concurrency in levels:
                 rows[concurrency].append(
-                    service_level(stub, concurrency, args.requests).row(
+                    service_level(stub, concurrency, args.requests, args.ramp_s).row(
                         f"pool service x{args.pool_workers}", concurrency
                     )
                 )
@@ -370,8 +398,8 @@ def main() -> None:
         print("\n".join(rows[concurrency]))
     print("\nbatched service, its own counters per level (model-derived FLOPs and bytes, see PatchWork.per_step)")
     print(
-        f"{'C':>5} {'steps':>6}{'req/step':>8}{'step ms':>9}{'prefill ms':>10}{'GFLOP/step':>11}{'MB/step':>10}"
-        f"{'GFLOP/s':>11}{'GB/s':>10}"
+        f"{'C':>5} {'steps':>6}{'req/step':>8}{'step ms':>9}{'prefill ms':>10}{'hidden ms':>9}"
+        f"{'GFLOP/step':>11}{'MB/step':>10}{'GFLOP/s':>11}{'GB/s':>10}"
     )
     print("\n".join(steps))
     print(f"load average now {os.getloadavg()[0]:.1f} (2 cores)")

@@ -70,6 +70,11 @@ class TtsMetrics:
             "Prefill work done between two batched steps (the running requests wait for it)",
             buckets=LATENCY_BUCKETS_S,
         )
+        self.hidden_prefill_seconds = Histogram(
+            f"{PREFIX}_hidden_prefill_seconds",
+            "Prefill work launched while a batched step ran on the device (CUDA; nobody waits for it), per step",
+            buckets=LATENCY_BUCKETS_S,
+        )
         self.first_patch_steps = Histogram(
             f"{PREFIX}_first_patch_steps",
             "Batched steps from a segment's text reaching the engine to its first patch, its own step included "

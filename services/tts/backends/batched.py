@@ -159,6 +159,8 @@ class BatchedBackend:
         self.metrics.step_seconds.observe(step.seconds)
         if step.prefill_seconds:
             self.metrics.prefill_seconds.observe(step.prefill_seconds)
+        if step.hidden_prefill_seconds:
+            self.metrics.hidden_prefill_seconds.observe(step.hidden_prefill_seconds)
         self.work.record_work(step.flops, step.read_bytes)
 
     # -- requests ----------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 One model per device (`BatchedVoxCPM`), one step loop. Between two steps the loop reaps requests that left,
 prefills the segments waiting (one pass, so a join delays the running requests by about one step at most),
-and then steps every generating request by one patch.
+and then steps every generating request by one patch. On a CUDA device a step is launched and read back
+later: segments that arrive while it runs are prefilled behind it on the device's stream, so they join the
+next step and the running requests do not wait for their prefill.
 The torch work runs on a worker thread, so messages from the gRPC process (joins, texts, leaves) are read
 while a step runs; they take effect at the next boundary. All segments waiting at a boundary are prefilled
 together in one right-padded pass (one eager pass costs about a step whatever its rows, so prefilling one
@@ -120,13 +122,15 @@ class Failed:
 
 @dataclasses.dataclass(frozen=True)
 class Stepped:
-    """One batched step: how many requests it advanced, its wall time, its model work, prefill time before it."""
+    """One batched step: how many requests it advanced, its wall time, its model work, the prefill time before
+    it (which the running requests waited for) and the prefill launched while it ran on the device (hidden)."""
 
     requests: int
     seconds: float
     flops: float
     read_bytes: float
     prefill_seconds: float
+    hidden_prefill_seconds: float = 0.0
 
 
 # -- the engine process ------------------------------------------------------------------------------------
@@ -220,10 +224,7 @@ class _Scheduler:
                 await self.wake.wait()
                 continue
             started = time.perf_counter()
-            if admitted := self._admit():  # every waiting segment in one prefill pass: about a step's time
-                slots, tokens = [r.slot for r, _ in admitted], [t for _, t in admitted]
-                await asyncio.to_thread(self.engine.prefill, slots, tokens)
-                self.running += [request for request, _ in admitted]
+            await self._prefill(self._admit())  # the running requests wait for this one: a step follows it
             prefill_s = time.perf_counter() - started
             batch = [r for r in self.running if not r.left]
             if not batch:
@@ -233,6 +234,44 @@ class _Scheduler:
                 continue
             await self._step(batch, prefill_s)
 
+    async def _prefill(self, admitted: list[tuple[_Request, list[int]]]) -> None:
+        """Every admitted segment in one prefill pass (about a step's time eagerly, whatever its rows)."""
+        if not admitted:
+            return
+        slots, tokens = [r.slot for r, _ in admitted], [t for _, t in admitted]
+        try:
+            await asyncio.to_thread(self.engine.prefill, slots, tokens)
+        except Exception as exc:  # these requests fail (their slots are freed at the next boundary); the rest go on
+            log.exception("prefill failed")
+            for request, _ in admitted:
+                self.channel.send(Failed(request.join.request_id, f"{type(exc).__name__}: {exc}"))
+                request.left = True
+            return
+        self.running += [request for request, _ in admitted]
+
+    async def _prefill_while_stepping(self, pending) -> float:
+        """Prefill the segments that arrive while a launched step is still on the device (CUDA): their work
+        queues behind the step on its stream, so the running requests do not wait for it and the new ones join
+        the next step. Returns the host seconds spent so. On a CPU the step is done at launch: nothing here."""
+        if pending.ready():
+            return 0.0
+        spent = 0.0
+        done = asyncio.ensure_future(asyncio.to_thread(pending.wait))
+        try:
+            while not done.done():
+                if admitted := self._admit():
+                    started = time.perf_counter()
+                    await self._prefill(admitted)
+                    spent += time.perf_counter() - started
+                    continue
+                self.wake.clear()  # no await since _admit: no message can have slipped in between
+                woken = asyncio.ensure_future(self.wake.wait())
+                await asyncio.wait({done, woken}, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+        finally:
+            await done  # the step's outputs are read only once the device is done with it
+        return spent
+
     async def _step(self, batch: list[_Request], prefill_s: float) -> None:
         import torch
 
@@ -241,9 +280,11 @@ class _Scheduler:
         noise = torch.stack([self.engine.noise(r.generator) for r in batch])
         started = time.perf_counter()
         try:
-            audio, stops = await asyncio.to_thread(
-                self.engine.step, slots, timesteps, [r.join.cfg_value for r in batch], noise
+            pending = await asyncio.to_thread(
+                self.engine.launch, slots, timesteps, [r.join.cfg_value for r in batch], noise
             )
+            hidden_s = await self._prefill_while_stepping(pending)
+            audio, stops = pending.result()  # ready: waited for above, or done at launch
         except Exception as exc:  # reported to every request of the step; the engine lives on
             log.exception("batched step failed")
             for request in batch:
@@ -253,7 +294,7 @@ class _Scheduler:
         self.last_step_s = time.perf_counter() - started
         self.steps += 1
         flops, read_bytes = self.work.per_step([r.context for r in batch], timesteps)
-        self.channel.send(Stepped(len(batch), self.last_step_s, flops, read_bytes, prefill_s))
+        self.channel.send(Stepped(len(batch), self.last_step_s, flops, read_bytes, prefill_s, hidden_s))
         audio = audio.numpy()
         for request, samples, stop in zip(batch, audio, stops, strict=True):
             index = request.patches

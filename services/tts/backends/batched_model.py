@@ -126,9 +126,10 @@ class _SlotVAEState:
 
         module.forward = stateful_forward  # weight-norm pre-hooks still run: they sit on __call__
 
-    def reset(self, slot: int) -> None:
+    def reset(self, slots: torch.Tensor) -> None:
+        """Zero the state of `slots` (a device tensor of slot indices): one kernel per convolution, no host sync."""
         for state in self.buffers:
-            state[slot].zero_()
+            state.index_fill_(0, slots, 0)
 
     def to(self, dtype: torch.dtype) -> None:
         for state in self.buffers:
@@ -197,7 +198,11 @@ class BatchedVoxCPM:
     def prefill(self, slots: list[int], token_lists: list[list[int]]) -> None:
         """Start a zero-shot generation of `token_lists[i]` in `slots[i]`: VoxCPM2's prefix forward, all rows in
         one pass. Rows are right-padded to the longest; attention is causal, so a row's K/V and last hidden
-        state never see its padding."""
+        state never see its padding.
+
+        On a CUDA device it only enqueues work (inputs go up from pinned memory, nothing is read back), so it
+        can run while a launched step (`launch`) is still on the device: queued behind it on the same stream,
+        writing slots that step does not use."""
         model = self.model
         rows = len(slots)
         lengths = [len(tokens) + 1 for tokens in token_lists]  # + the audio-start token
@@ -205,7 +210,7 @@ class BatchedVoxCPM:
         text = torch.zeros(rows, longest, dtype=torch.long)
         for row, tokens in enumerate(token_lists):
             text[row, : lengths[row]] = torch.tensor([*tokens, model.audio_start_token])
-        text = text.to(self.device)
+        text = self._upload(text)
         feat = torch.zeros(rows, longest, self.patch_size, self.feat_dim, device=self.device, dtype=self.dtype)
         text_mask = torch.ones(rows, longest, 1, dtype=torch.int32, device=self.device)
         feat_mask = torch.zeros_like(text_mask)
@@ -216,8 +221,9 @@ class BatchedVoxCPM:
         outputs = model.fsq_layer(outputs) * feat_mask + outputs * text_mask
         residual_in = model.fusion_concat_proj(torch.cat((outputs, feat_mask * feat_embed), dim=-1))
         residual_out, residual_kv = model.residual_lm(inputs_embeds=residual_in, is_causal=True)
-        index = torch.tensor(slots, dtype=torch.long, device=self.device)
-        last = torch.tensor(lengths, device=self.device) - 1
+        index = self._upload(torch.tensor(slots, dtype=torch.long))
+        length_tensor = self._upload(torch.tensor(lengths, dtype=torch.long))
+        last = length_tensor - 1
         for name, kv in (("base", base_kv), ("residual", residual_kv)):
             cache = self.caches[name]
             for layer, (key, value) in enumerate(kv):
@@ -227,14 +233,20 @@ class BatchedVoxCPM:
         self.lm_hidden[index] = outputs[picked, last]
         self.residual_hidden[index] = residual_out[picked, last]
         self.condition[index] = 0.0  # zero-shot: the prefix's last audio patch is zeros
-        self.positions[index] = torch.tensor(lengths, device=self.device)
-        for slot in slots:
-            self.vae_state.reset(slot)
+        self.positions[index] = length_tensor
+        self.vae_state.reset(index)
 
     def noise(self, generator: torch.Generator) -> torch.Tensor:
         """One patch of diffusion noise [feat_dim, patch_size] from a request's own generator (on the CPU, so
         the same seed gives the same noise on every device)."""
         return torch.randn((1, self.feat_dim, self.patch_size), generator=generator, dtype=self.dtype)[0]
+
+    def _upload(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device without waiting for the device: from pinned memory, asynchronously (torch
+        keeps the pinned block until the copy is done). A plain copy would first wait for everything queued."""
+        if self.device.type != "cuda":
+            return tensor.to(self.device)
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
     # -- the batched step -------------------------------------------------------------------------------
     def _t_span(self, timesteps: int) -> torch.Tensor:
@@ -244,11 +256,20 @@ class BatchedVoxCPM:
             self._t_spans[timesteps] = span + (torch.cos(torch.pi / 2 * span) - 1 + span)
         return self._t_spans[timesteps]
 
-    @torch.inference_mode()
     def step(
         self, slots: list[int], timesteps: list[int], cfg_values: list[float], noise: torch.Tensor
     ) -> tuple[torch.Tensor, list[bool]]:
-        """One patch for each slot: (audio [rows, samples] float32 on the CPU, stop-head decision per row).
+        """One patch for each slot, waited for: `launch(...).result()`."""
+        return self.launch(slots, timesteps, cfg_values, noise).result()
+
+    @torch.inference_mode()
+    def launch(
+        self, slots: list[int], timesteps: list[int], cfg_values: list[float], noise: torch.Tensor
+    ) -> PendingStep:
+        """Start one patch for each slot; its `result()` is (audio [rows, samples] float32 on the CPU, stop-head
+        decision per row). On a CUDA device this returns once the work is enqueued (the outputs come back to
+        pinned memory behind it), so the caller can prefill new requests while the step runs; on a CPU the
+        step is done when this returns.
 
         noise: [rows, feat_dim, patch_size]. A row whose stop head fires (or that reached its limit) is done
         after this patch; its LM positions advance anyway (harmless: the slot is prefilled afresh before use).
@@ -259,20 +280,28 @@ class BatchedVoxCPM:
         bucket = next((b for b in sorted(self.graphs) if b >= rows), 0)
         if bucket and all(t == self.graph_timesteps for t in timesteps):
             graph = self.graphs[bucket]
-            graph.rows[:rows].copy_(torch.tensor(slots), non_blocking=False)
+            graph.rows[:rows].copy_(self._upload(torch.tensor(slots, dtype=torch.long)))
             graph.rows[rows:].fill_(self.scratch)
-            graph.noise[:rows].copy_(noise)
-            graph.cfg[:rows, 0, 0].copy_(torch.tensor(cfg_values))
+            graph.noise[:rows].copy_(self._upload(noise.to(graph.noise.dtype)))
+            graph.cfg[:rows, 0, 0].copy_(self._upload(torch.tensor(cfg_values, dtype=graph.cfg.dtype)))
             graph.graph.replay()
             audio, stop = graph.audio[:rows], graph.stop[:rows]
         else:
             with record_function("input copy"):
-                device_rows = torch.tensor(slots, dtype=torch.long, device=self.device)
-                cfg = torch.tensor(cfg_values, device=self.device, dtype=self.dtype).view(-1, 1, 1)
-                noise = noise.to(self.device, self.dtype)
+                device_rows = self._upload(torch.tensor(slots, dtype=torch.long))
+                cfg = self._upload(torch.tensor(cfg_values, dtype=self.dtype)).view(-1, 1, 1)
+                noise = self._upload(noise.to(self.dtype))
             audio, stop = self._advance(device_rows, noise, cfg, timesteps)
+        if self.device.type != "cuda":
+            return PendingStep(audio, stop)
         with record_function("host copy"):
-            return audio.cpu(), [flag == 1 for flag in stop.tolist()]
+            host_audio = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
+            host_stop = torch.empty(stop.shape, dtype=stop.dtype, pin_memory=True)
+            host_audio.copy_(audio, non_blocking=True)
+            host_stop.copy_(stop, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        return PendingStep(host_audio, host_stop, done)
 
     def _advance(
         self,
@@ -426,6 +455,27 @@ class BatchedVoxCPM:
             pool = graph.pool()
             self.graphs[bucket] = _GraphedStep(graph, rows, noise, cfg, audio, stop)
         torch.cuda.synchronize()
+
+
+class PendingStep:
+    """A launched step (`BatchedVoxCPM.launch`): its outputs once the device is done with it."""
+
+    def __init__(self, audio: torch.Tensor, stop: torch.Tensor, done: torch.cuda.Event | None = None):
+        self.audio, self.stop, self.done = audio, stop, done
+
+    def ready(self) -> bool:
+        """Whether `result()` would return without waiting for the device."""
+        return self.done is None or self.done.query()
+
+    def wait(self) -> None:
+        """Block until the device is done with the step (releases the GIL while it waits)."""
+        if self.done is not None:
+            self.done.synchronize()
+
+    def result(self) -> tuple[torch.Tensor, list[bool]]:
+        """(audio [rows, samples] float32 on the CPU, stop-head decision per row), waiting for the device."""
+        self.wait()
+        return self.audio, [flag == 1 for flag in self.stop.tolist()]
 
 
 class _AttentionBackends(nn.Module):
