@@ -4,8 +4,8 @@
 graphs; `running` requests step for 3 patches, then `joining` requests join, twice from the same state:
 
 - in turn: prefill the joiners, then step the running ones (what the engine did before);
-- overlapped: launch the running ones' step, prefill the joiners while it is on the device, read the step back
-  (`BatchedVoxCPM.launch`, what the engine does now).
+- overlapped: launch the running ones' step, prefill the joiners while it is on the device (on the prefill's own
+  stream), read the step back (`BatchedVoxCPM.launch`, what the engine does now).
 
 Then every request steps 4 more patches. Prints the largest audio difference between the two orders (0 expected:
 the joiners' slots are not in the launched step), the synchronizing CUDA calls the overlapped prefill made (under
@@ -14,6 +14,7 @@ torch.cuda.set_sync_debug_mode("warn"); 0 expected), and the wall time of prefil
 
 import sys
 import time
+import traceback
 import warnings
 
 import torch
@@ -53,14 +54,25 @@ def run(overlapped: bool):
     began = time.perf_counter()
     if overlapped:
         pending = engine.launch(old, [10] * running, [2.0] * running, noise)
-        with warnings.catch_warnings(record=True) as caught:
+        caught = []
+
+        def note(message, category, filename, lineno, file=None, line=None):  # where each sync was called from
+            if "synchroniz" in str(message):
+                caught.append((str(message), traceback.format_stack(limit=8)[:-1]))
+
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.showwarning = note
             torch.cuda.set_sync_debug_mode("warn")
             try:
                 engine.prefill(new, [join_text] * joining)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        syncs = len(caught)
+        if syncs and not overlapped_stacks_shown:
+            overlapped_stacks_shown.append(True)
+            for message, stack in caught:
+                print(f"{preset}: sync: {message.splitlines()[0]}\n{''.join(stack)}", flush=True)
         audio.append(pending.result()[0])
     else:
         engine.prefill(new, [join_text] * joining)
@@ -73,6 +85,7 @@ def run(overlapped: bool):
     return audio, syncs, seconds
 
 
+overlapped_stacks_shown: list[bool] = []
 timings = {False: [], True: []}
 for attempt in range(5):
     results = {}

@@ -3,8 +3,8 @@
 One model per device (`BatchedVoxCPM`), one step loop. Between two steps the loop reaps requests that left,
 prefills the segments waiting (one pass, so a join delays the running requests by about one step at most),
 and then steps every generating request by one patch. On a CUDA device a step is launched and read back
-later: segments that arrive while it runs are prefilled behind it on the device's stream, so they join the
-next step and the running requests do not wait for their prefill.
+later, and prefills run on a stream of their own beside it: segments waiting at a boundary or arriving while the
+step runs are prefilled then, join the next step, and the running requests never wait for a prefill.
 The torch work runs on a worker thread, so messages from the gRPC process (joins, texts, leaves) are read
 while a step runs; they take effect at the next boundary. All segments waiting at a boundary are prefilled
 together in one right-padded pass (one eager pass costs about a step whatever its rows, so prefilling one
@@ -223,16 +223,27 @@ class _Scheduler:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            started = time.perf_counter()
-            await self._prefill(self._admit())  # the running requests wait for this one: a step follows it
-            prefill_s = time.perf_counter() - started
             batch = [r for r in self.running if not r.left]
+            started = time.perf_counter()
+            if not batch or not self.beside:  # the step follows this prefill: the running requests wait for it
+                await self._prefill(self._admit())
+                batch = [r for r in self.running if not r.left]
+            prefill_s = time.perf_counter() - started
             if not batch:
                 if self.waiting and not self.free_slots:
                     self.wake.clear()
                     await self.wake.wait()  # every slot is held by a request between segments
                 continue
             await self._step(batch, prefill_s)
+
+    @property
+    def beside(self) -> bool:
+        """Whether prefills run beside a launched step (the model has a prefill stream: CUDA), so segments
+        waiting at a step boundary are prefilled after the next launch rather than before it."""
+        return getattr(self.engine, "prefill_stream", None) is not None
+
+    def _admittable(self) -> bool:
+        return any(not r.left and (r.slot is not None or self.free_slots) for r in self.waiting)
 
     async def _prefill(self, admitted: list[tuple[_Request, list[int]]]) -> None:
         """Every admitted segment in one prefill pass (about a step's time eagerly, whatever its rows)."""
@@ -250,23 +261,26 @@ class _Scheduler:
         self.running += [request for request, _ in admitted]
 
     async def _prefill_while_stepping(self, pending) -> float:
-        """Prefill the segments that arrive while a launched step is still on the device (CUDA): their work
-        queues behind the step on its stream, so the running requests do not wait for it and the new ones join
-        the next step. Returns the host seconds spent so. On a CPU the step is done at launch: nothing here."""
+        """Prefill the segments that wait or arrive while a launched step is still on the device (CUDA): the
+        running requests do not wait for it and the new ones join the next step. An eager pass costs its host
+        ~15-20 ms whatever its rows, so passes start at most every half step: the host stays ahead of the device.
+        Returns the host seconds spent so. On a CPU the step is done at launch: nothing here."""
         if pending.ready():
             return 0.0
-        spent = 0.0
+        spent, next_pass, spacing = 0.0, 0.0, self.last_step_s / 2
         done = asyncio.ensure_future(asyncio.to_thread(pending.wait))
         try:
             while not done.done():
-                if admitted := self._admit():
-                    started = time.perf_counter()
-                    await self._prefill(admitted)
-                    spent += time.perf_counter() - started
+                now = time.perf_counter()
+                if self._admittable() and now >= next_pass:
+                    next_pass = now + spacing
+                    await self._prefill(self._admit())
+                    spent += time.perf_counter() - now
                     continue
-                self.wake.clear()  # no await since _admit: no message can have slipped in between
+                self.wake.clear()  # no await since the checks above: no message can have slipped in between
                 woken = asyncio.ensure_future(self.wake.wait())
-                await asyncio.wait({done, woken}, return_when=asyncio.FIRST_COMPLETED)
+                timeout = max(0.0, next_pass - now) if self._admittable() else None
+                await asyncio.wait({done, woken}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
         finally:
             await done  # the step's outputs are read only once the device is done with it

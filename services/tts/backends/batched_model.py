@@ -28,6 +28,7 @@ to); without a running profiler a range is a few microseconds of host time, and 
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -184,6 +185,8 @@ class BatchedVoxCPM:
         self._t_spans: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, _GraphedStep] = {}  # by batch bucket, see capture_graphs
         self.graph_timesteps = 0
+        # prefill's own stream on a GPU: its work runs beside a launched step, not behind it (see `prefill`)
+        self.prefill_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     # -- per request ------------------------------------------------------------------------------------
     def text_tokens(self, text: str) -> list[int]:
@@ -200,9 +203,15 @@ class BatchedVoxCPM:
         one pass. Rows are right-padded to the longest; attention is causal, so a row's K/V and last hidden
         state never see its padding.
 
-        On a CUDA device it only enqueues work (inputs go up from pinned memory, nothing is read back), so it
-        can run while a launched step (`launch`) is still on the device: queued behind it on the same stream,
-        writing slots that step does not use."""
+        On a CUDA device it only enqueues work, on a stream of its own (inputs go up from pinned memory, nothing
+        is read back), so it can run while a launched step (`launch`) is still on the device: beside it, writing
+        slots that step does not use; the next launch waits for it. A slot is prefilled only once the last step
+        that used it was read back, so the prefill never waits for the device's main stream."""
+        stream = self.prefill_stream
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            self._prefill(slots, token_lists)
+
+    def _prefill(self, slots: list[int], token_lists: list[list[int]]) -> None:
         model = self.model
         rows = len(slots)
         lengths = [len(tokens) + 1 for tokens in token_lists]  # + the audio-start token
@@ -277,6 +286,8 @@ class BatchedVoxCPM:
         holds it (padding rows step the scratch slot); any other batch runs eagerly.
         """
         rows = len(slots)
+        if self.prefill_stream is not None:  # the rows just prefilled are ready before this step reads them
+            torch.cuda.current_stream().wait_stream(self.prefill_stream)
         bucket = next((b for b in sorted(self.graphs) if b >= rows), 0)
         if bucket and all(t == self.graph_timesteps for t in timesteps):
             graph = self.graphs[bucket]
@@ -434,6 +445,7 @@ class BatchedVoxCPM:
         """Capture the step once per batch bucket (largest first, sharing one memory pool), for rows using
         `timesteps` diffusion steps; attention then always spans the whole cache (`max_length`)."""
         self.graph_timesteps = timesteps
+        torch.cuda.synchronize()  # prefills of the warm-up (their own stream) are done
         self._t_span(timesteps)  # created outside the capture
         # each bucket has fixed shapes: let cuDNN time its algorithms for them in the warm-up (the default
         # heuristic picked a 7 ms float32 transposed convolution for the VAE at 128 rows, §3d)

@@ -1,0 +1,173 @@
+"""The batched engine's step loop with a step still on the device (CUDA's case, which CI has no GPU for): a
+segment that arrives while the step runs is prefilled before that step is read back and joins the next one; the
+running requests' step is not redone or held for it; with a step already done at launch (the CPU's case) the
+joiner waits for the boundary as before. The model is replaced by a recording one whose launched step stays
+"on the device" until the test lets it finish; the real-model check is results/h200/tts_overlap_check.py."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import torch
+
+from services.tts.backends.batched_engine import EngineSpec, Join, Patch, Speak, Stepped, _Scheduler
+from services.tts.backends.voxcpm import WorkerSpec
+from services.tts.config import TtsConfig
+
+
+class _Launched:
+    """A step launched on a device the test controls: `ready()` is False until `finish` is set."""
+
+    def __init__(self, rows: int, on_device: bool):
+        self.rows, self.finish = rows, threading.Event()
+        if not on_device:
+            self.finish.set()
+
+    def ready(self) -> bool:
+        return self.finish.is_set()
+
+    def wait(self) -> None:
+        assert self.finish.wait(10), "the test never finished this step"
+
+    def result(self):
+        self.wait()
+        return torch.zeros(self.rows, 4), [False] * self.rows
+
+
+class _RecordingModel:
+    """What the scheduler calls on BatchedVoxCPM, recorded in order: ("prefill", slots), ("launch", slots)."""
+
+    def __init__(self, on_device: bool):
+        self.on_device, self.calls, self.launched = on_device, [], []
+
+    def text_tokens(self, text: str) -> list[int]:
+        return list(range(len(text.split())))
+
+    def patch_limit(self, tokens: int, cap: int) -> int:
+        return 50
+
+    def noise(self, generator) -> torch.Tensor:
+        return torch.zeros(2, 2)
+
+    def prefill(self, slots, token_lists) -> None:
+        self.calls.append(("prefill", list(slots)))
+
+    def launch(self, slots, timesteps, cfg_values, noise) -> _Launched:
+        self.calls.append(("launch", list(slots)))
+        self.launched.append(_Launched(len(slots), self.on_device))
+        return self.launched[-1]
+
+
+class _Work:
+    def per_step(self, contexts, timesteps):
+        return 0.0, 0.0
+
+
+class _Outbox:
+    def __init__(self):
+        self.messages = []
+
+    def send(self, message) -> None:
+        self.messages.append(message)
+
+
+def _spec() -> EngineSpec:
+    return EngineSpec(WorkerSpec.from_config(TtsConfig()), max_batch=4)
+
+
+async def _until(condition, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+def _join(scheduler: _Scheduler, request_id: int) -> None:
+    scheduler.dispatch(Join(request_id, seed=request_id, timesteps=10, cfg_value=2.0))
+    scheduler.dispatch(Speak(request_id, 0, f"request number {request_id} speaks"))
+
+
+async def test_a_segment_arriving_during_a_step_on_the_device_is_prefilled_behind_it_and_joins_the_next():
+    model, outbox = _RecordingModel(on_device=True), _Outbox()
+    scheduler = _Scheduler(model, _Work(), outbox, _spec())
+    loop = asyncio.create_task(scheduler.run())
+    try:
+        _join(scheduler, 1)
+        await _until(lambda: len(model.launched) == 1)
+        assert model.calls == [("prefill", [0]), ("launch", [0])]
+        _join(scheduler, 2)  # the first step is still on the device
+        await _until(lambda: len(model.calls) == 3)
+        assert model.calls[2] == ("prefill", [1])  # behind the running step, before it was read back
+        assert not [m for m in outbox.messages if isinstance(m, Patch)]
+        model.launched[0].finish.set()
+        await _until(lambda: len(model.launched) == 2)
+        assert model.calls[3] == ("launch", [0, 1])  # no prefill in between: the joiner is in the next step
+        first = [m for m in outbox.messages if isinstance(m, Stepped)][0]
+        assert first.requests == 1 and first.hidden_prefill_seconds > 0
+        patches = [m for m in outbox.messages if isinstance(m, Patch)]
+        assert [(p.request_id, p.waited_steps) for p in patches] == [(1, 1)]
+        model.launched[1].finish.set()
+        await _until(lambda: len([m for m in outbox.messages if isinstance(m, Patch)]) == 3)
+        joiner = [m for m in outbox.messages if isinstance(m, Patch) and m.request_id == 2]
+        assert joiner[0].waited_steps == 2  # it waited for the step in flight, then spoke in its own
+    finally:
+        loop.cancel()
+        for launched in model.launched:
+            launched.finish.set()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_with_the_step_done_at_launch_a_joiner_is_prefilled_at_the_next_boundary():
+    model, outbox = _RecordingModel(on_device=False), _Outbox()
+    scheduler = _Scheduler(model, _Work(), outbox, _spec())
+    gate = threading.Event()
+    launch = model.launch
+
+    def slow_launch(*args):  # a CPU step: the work happens inside launch
+        gate.wait(10)
+        return launch(*args)
+
+    model.launch = slow_launch
+    loop = asyncio.create_task(scheduler.run())
+    try:
+        _join(scheduler, 1)
+        await _until(lambda: model.calls == [("prefill", [0])])
+        await asyncio.sleep(0.05)  # the first step is being computed
+        _join(scheduler, 2)
+        gate.set()
+        await _until(lambda: len(model.launched) >= 2)
+        assert model.calls[:4] == [("prefill", [0]), ("launch", [0]), ("prefill", [1]), ("launch", [0, 1])]
+        assert all(m.hidden_prefill_seconds == 0 for m in outbox.messages if isinstance(m, Stepped))
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_with_a_prefill_stream_no_prefill_runs_between_a_step_and_the_next_launch():
+    model, outbox = _RecordingModel(on_device=True), _Outbox()
+    model.prefill_stream = object()  # prefills run beside the step (CUDA)
+    scheduler = _Scheduler(model, _Work(), outbox, _spec())
+    loop = asyncio.create_task(scheduler.run())
+    try:
+        _join(scheduler, 1)
+        await _until(lambda: len(model.launched) == 1)
+        assert model.calls == [("prefill", [0]), ("launch", [0])]  # nothing ran yet: the first prefill goes first
+        for request_id in (2, 3, 4):
+            # a join as the step in flight finishes: it lands during that step or at the boundary after it
+            model.launched[-1].finish.set()
+            _join(scheduler, request_id)
+            await _until(lambda request_id=request_id: ("prefill", [request_id - 1]) in model.calls)
+        while ("launch", [0, 1, 2, 3]) not in model.calls:
+            model.launched[-1].finish.set()
+            await _until(lambda: not model.launched[-1].finish.is_set())
+        # every prefill but the first came right after a launch: the running requests never waited for one
+        for before, call in zip(model.calls[1:], model.calls[2:], strict=False):
+            if call[0] == "prefill":
+                assert before[0] == "launch", model.calls
+    finally:
+        loop.cancel()
+        for launched in model.launched:
+            launched.finish.set()
+        await asyncio.gather(loop, return_exceptions=True)
