@@ -84,6 +84,13 @@ async def _until(condition, timeout: float = 5.0) -> None:
     raise AssertionError("condition not reached")
 
 
+async def _next_step(model: _RecordingModel) -> None:
+    """Let the step on the device finish and wait for the next launch."""
+    count = len(model.launched)
+    model.launched[-1].finish.set()
+    await _until(lambda: len(model.launched) == count + 1)
+
+
 def _join(scheduler: _Scheduler, request_id: int) -> None:
     scheduler.dispatch(Join(request_id, seed=request_id, timesteps=10, cfg_value=2.0))
     scheduler.dispatch(Speak(request_id, 0, f"request number {request_id} speaks"))
@@ -99,7 +106,8 @@ async def test_a_segment_arriving_during_a_step_on_the_device_is_prefilled_behin
         assert model.calls == [("prefill", [0]), ("launch", [0])]
         _join(scheduler, 2)  # the first step is still on the device
         await _until(lambda: len(model.calls) == 3)
-        assert model.calls[2] == ("prefill", [1])  # behind the running step, before it was read back
+        assert model.calls[2] == ("prefill", [1])  # beside the running step, before it was read back
+        await _until(lambda: scheduler.prefilling is None)  # the pass is done (it may also outlast a step)
         assert not [m for m in outbox.messages if isinstance(m, Patch)]
         model.launched[0].finish.set()
         await _until(lambda: len(model.launched) == 2)
@@ -145,29 +153,40 @@ async def test_with_the_step_done_at_launch_a_joiner_is_prefilled_at_the_next_bo
         await asyncio.gather(loop, return_exceptions=True)
 
 
-async def test_with_a_prefill_stream_no_prefill_runs_between_a_step_and_the_next_launch():
+async def test_with_a_prefill_stream_the_running_steps_never_wait_for_a_prefill_pass():
     model, outbox = _RecordingModel(on_device=True), _Outbox()
-    model.prefill_stream = object()  # prefills run beside the step (CUDA)
+    model.prefill_stream = object()  # prefills run beside the steps (CUDA)
+    gate, prefill = threading.Event(), model.prefill
+
+    def slow_prefill(slots, token_lists):  # an eager pass whose host work outlasts two steps
+        prefill(slots, token_lists)
+        if slots != [0]:
+            assert gate.wait(10)
+
+    model.prefill = slow_prefill
     scheduler = _Scheduler(model, _Work(), outbox, _spec())
     loop = asyncio.create_task(scheduler.run())
     try:
         _join(scheduler, 1)
         await _until(lambda: len(model.launched) == 1)
         assert model.calls == [("prefill", [0]), ("launch", [0])]  # nothing ran yet: the first prefill goes first
-        for request_id in (2, 3, 4):
-            # a join as the step in flight finishes: it lands during that step or at the boundary after it
-            model.launched[-1].finish.set()
-            _join(scheduler, request_id)
-            await _until(lambda request_id=request_id: ("prefill", [request_id - 1]) in model.calls)
-        while ("launch", [0, 1, 2, 3]) not in model.calls:
-            model.launched[-1].finish.set()
-            await _until(lambda: not model.launched[-1].finish.is_set())
-        # every prefill but the first came right after a launch: the running requests never waited for one
-        for before, call in zip(model.calls[1:], model.calls[2:], strict=False):
-            if call[0] == "prefill":
-                assert before[0] == "launch", model.calls
+        _join(scheduler, 2)
+        await _until(lambda: ("prefill", [1]) in model.calls)
+        _join(scheduler, 3)  # waits: one pass at a time
+        for _ in range(2):  # two steps go on while the pass is still on the host
+            await _next_step(model)
+        assert model.calls[-2:] == [("launch", [0]), ("launch", [0])]
+        gate.set()
+        while ("launch", [0, 1, 2]) not in model.calls:
+            await _next_step(model)
+        # request 2 joined the first launch after its pass; request 3 got the next pass, then joined too
+        launches = [slots for name, slots in model.calls if name == "launch"]
+        joined = [next(i for i, slots in enumerate(launches) if slot in slots) for slot in (1, 2)]
+        assert joined[0] <= joined[1] and launches[joined[0] - 1] == [0]
+        assert [slots for name, slots in model.calls if name == "prefill"] == [[0], [1], [2]]
     finally:
         loop.cancel()
+        gate.set()
         for launched in model.launched:
             launched.finish.set()
         await asyncio.gather(loop, return_exceptions=True)

@@ -158,6 +158,9 @@ class _Scheduler:
         self.wake = asyncio.Event()
         self.last_step_s = 0.0
         self.steps = 0
+        self.prefilling: asyncio.Task | None = None  # a prefill pass beside the running steps (CUDA)
+        self.next_pass = 0.0  # when the next such pass may start
+        self.hidden_s = 0.0  # host seconds of those passes since the last step was reported
 
     def dispatch(self, message) -> None:
         import torch
@@ -221,11 +224,13 @@ class _Scheduler:
             self._reap()
             if not self.running and not self.waiting:
                 self.wake.clear()
-                await self.wake.wait()
+                await self.wake.wait()  # also woken when a pass beside the steps is done
                 continue
             batch = [r for r in self.running if not r.left]
             started = time.perf_counter()
             if not batch or not self.beside:  # the step follows this prefill: the running requests wait for it
+                if self.prefilling is not None:
+                    await self.prefilling
                 await self._prefill(self._admit())
                 batch = [r for r in self.running if not r.left]
             prefill_s = time.perf_counter() - started
@@ -258,33 +263,49 @@ class _Scheduler:
                 self.channel.send(Failed(request.join.request_id, f"{type(exc).__name__}: {exc}"))
                 request.left = True
             return
-        self.running += [request for request, _ in admitted]
+        self.running += [request for request, _ in admitted if not request.left]  # one that left is reaped
 
-    async def _prefill_while_stepping(self, pending) -> float:
-        """Prefill the segments that wait or arrive while a launched step is still on the device (CUDA): the
-        running requests do not wait for it and the new ones join the next step. An eager pass costs its host
-        ~15-20 ms whatever its rows, so passes start at most every half step: the host stays ahead of the device.
-        Returns the host seconds spent so. On a CPU the step is done at launch: nothing here."""
+    def _start_pass(self) -> None:
+        """Start a prefill pass beside the running steps if one may start now: none in progress, a waiting segment
+        with a slot, and half a step since the last pass started (an eager pass costs its host ~15-20 ms whatever
+        its rows, so passes are spaced to gather joins; the host stays ahead of the device)."""
+        if self.prefilling is not None or not self._admittable() or time.perf_counter() < self.next_pass:
+            return
+        admitted = self._admit()
+        if not admitted:
+            return
+        self.next_pass = time.perf_counter() + self.last_step_s / 2
+
+        async def prefill() -> None:
+            started = time.perf_counter()
+            try:
+                await self._prefill(admitted)
+            finally:
+                self.hidden_s += time.perf_counter() - started
+                self.prefilling = None
+                self.wake.set()  # its requests join the next launch; the idle loop wakes for them
+
+        self.prefilling = asyncio.ensure_future(prefill())
+
+    async def _prefill_while_stepping(self, pending) -> None:
+        """While a launched step is on the device (CUDA), start prefill passes for the segments waiting: they run
+        beside it and across step boundaries (the step's result is read as soon as it is ready, not after a pass),
+        and their requests join the first launch after their pass. On a CPU the step is done at launch."""
         if pending.ready():
-            return 0.0
-        spent, next_pass, spacing = 0.0, 0.0, self.last_step_s / 2
+            return
         done = asyncio.ensure_future(asyncio.to_thread(pending.wait))
         try:
             while not done.done():
-                now = time.perf_counter()
-                if self._admittable() and now >= next_pass:
-                    next_pass = now + spacing
-                    await self._prefill(self._admit())
-                    spent += time.perf_counter() - now
-                    continue
+                self._start_pass()
                 self.wake.clear()  # no await since the checks above: no message can have slipped in between
                 woken = asyncio.ensure_future(self.wake.wait())
-                timeout = max(0.0, next_pass - now) if self._admittable() else None
+                timeout = None
+                if self.prefilling is None and self._admittable():
+                    timeout = max(0.0, self.next_pass - time.perf_counter())
                 await asyncio.wait({done, woken}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
         finally:
             await done  # the step's outputs are read only once the device is done with it
-        return spent
 
     async def _step(self, batch: list[_Request], prefill_s: float) -> None:
         import torch
@@ -297,7 +318,7 @@ class _Scheduler:
             pending = await asyncio.to_thread(
                 self.engine.launch, slots, timesteps, [r.join.cfg_value for r in batch], noise
             )
-            hidden_s = await self._prefill_while_stepping(pending)
+            await self._prefill_while_stepping(pending)
             audio, stops = pending.result()  # ready: waited for above, or done at launch
         except Exception as exc:  # reported to every request of the step; the engine lives on
             log.exception("batched step failed")
@@ -308,7 +329,8 @@ class _Scheduler:
         self.last_step_s = time.perf_counter() - started
         self.steps += 1
         flops, read_bytes = self.work.per_step([r.context for r in batch], timesteps)
-        self.channel.send(Stepped(len(batch), self.last_step_s, flops, read_bytes, prefill_s, hidden_s))
+        self.channel.send(Stepped(len(batch), self.last_step_s, flops, read_bytes, prefill_s, self.hidden_s))
+        self.hidden_s = 0.0
         audio = audio.numpy()
         for request, samples, stop in zip(batch, audio, stops, strict=True):
             index = request.patches

@@ -241,7 +241,7 @@ class BatchedVoxCPM:
         picked = torch.arange(rows, device=self.device)
         self.lm_hidden[index] = outputs[picked, last]
         self.residual_hidden[index] = residual_out[picked, last]
-        self.condition[index] = 0.0  # zero-shot: the prefix's last audio patch is zeros
+        self.condition.index_fill_(0, index, 0.0)  # zero-shot: the prefix's last audio patch is zeros
         self.positions[index] = length_tensor
         self.vae_state.reset(index)
 
