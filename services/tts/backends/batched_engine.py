@@ -289,8 +289,8 @@ class _Scheduler:
 
     async def _prefill_while_stepping(self, pending) -> None:
         """While a launched step is on the device (CUDA), start prefill passes for the segments waiting: they run
-        beside it and across step boundaries (the step's result is read as soon as it is ready, not after a pass),
-        and their requests join the first launch after their pass. On a CPU the step is done at launch."""
+        beside it, and their requests join the next launch (a pass in flight when the step is done is waited
+        for). On a CPU the step is done at launch."""
         if pending.ready():
             return
         done = asyncio.ensure_future(asyncio.to_thread(pending.wait))
@@ -306,6 +306,8 @@ class _Scheduler:
                 woken.cancel()
         finally:
             await done  # the step's outputs are read only once the device is done with it
+            if self.prefilling is not None:  # its requests join the next launch; a pass never outlasts a step by
+                await self.prefilling  # more than its own host time (across boundaries, joins lagged: README §3f)
 
     async def _step(self, batch: list[_Request], prefill_s: float) -> None:
         import torch
