@@ -1,8 +1,9 @@
 """The batched engine's step loop with a step still on the device (CUDA's case, which CI has no GPU for): a
-segment that arrives while the step runs is prefilled before that step is read back and joins the next one; the
-running requests' step is not redone or held for it; with a step already done at launch (the CPU's case) the
-joiner waits for the boundary as before. The model is replaced by a recording one whose launched step stays
-"on the device" until the test lets it finish; the real-model check is results/h200/tts_overlap_check.py."""
+segment that arrives while the step runs is prefilled before that step is read back and joins the next one; with a
+prefill stream (CUDA) segments waiting at a boundary are prefilled beside the next step, not before it; with a step
+done at launch (the CPU's case) a joiner waits for the boundary as before. The model is replaced by a recording one
+whose launched step stays "on the device" until the test lets it finish; the real-model check (same audio, no host
+sync in prefill) is results/h200/tts_overlap_check.py."""
 
 from __future__ import annotations
 
@@ -153,12 +154,12 @@ async def test_with_the_step_done_at_launch_a_joiner_is_prefilled_at_the_next_bo
         await asyncio.gather(loop, return_exceptions=True)
 
 
-async def test_with_a_prefill_stream_the_running_steps_never_wait_for_a_prefill_pass():
+async def test_with_a_prefill_stream_a_pass_runs_beside_the_step_and_its_requests_join_the_next_launch():
     model, outbox = _RecordingModel(on_device=True), _Outbox()
     model.prefill_stream = object()  # prefills run beside the steps (CUDA)
     gate, prefill = threading.Event(), model.prefill
 
-    def slow_prefill(slots, token_lists):  # an eager pass whose host work outlasts two steps
+    def slow_prefill(slots, token_lists):  # an eager pass whose host work outlasts the step beside it
         prefill(slots, token_lists)
         if slots != [0]:
             assert gate.wait(10)
@@ -171,19 +172,21 @@ async def test_with_a_prefill_stream_the_running_steps_never_wait_for_a_prefill_
         await _until(lambda: len(model.launched) == 1)
         assert model.calls == [("prefill", [0]), ("launch", [0])]  # nothing ran yet: the first prefill goes first
         _join(scheduler, 2)
-        await _until(lambda: ("prefill", [1]) in model.calls)
-        _join(scheduler, 3)  # waits: one pass at a time
-        for _ in range(2):  # two steps go on while the pass is still on the host
-            await _next_step(model)
-        assert model.calls[-2:] == [("launch", [0]), ("launch", [0])]
+        await _until(lambda: ("prefill", [1]) in model.calls)  # beside step 1, not waiting for its end
+        model.launched[0].finish.set()  # step 1 is done while the pass is still on the host
+        await asyncio.sleep(0.1)
+        assert len(model.launched) == 1  # the step waits for the pass rather than leave its request behind
         gate.set()
-        while ("launch", [0, 1, 2]) not in model.calls:
-            await _next_step(model)
-        # request 2 joined the first launch after its pass; request 3 got the next pass, then joined too
-        launches = [slots for name, slots in model.calls if name == "launch"]
-        joined = [next(i for i, slots in enumerate(launches) if slot in slots) for slot in (1, 2)]
-        assert joined[0] <= joined[1] and launches[joined[0] - 1] == [0]
-        assert [slots for name, slots in model.calls if name == "prefill"] == [[0], [1], [2]]
+        await _until(lambda: len(model.launched) == 2)
+        assert model.calls[-1] == ("launch", [0, 1])  # the joiner is in the very next step
+        _join(scheduler, 3)  # arrives during step 2: prefilled beside it, in step 3
+        await _until(lambda: ("prefill", [2]) in model.calls)
+        await _until(lambda: scheduler.prefilling is None)
+        await _next_step(model)
+        assert model.calls[-1] == ("launch", [0, 1, 2])
+        # no prefill ever ran between a step's read-back and the next launch: each came right after a launch
+        for before, call in zip(model.calls[1:], model.calls[2:], strict=False):
+            assert call[0] != "prefill" or before[0] == "launch", model.calls
     finally:
         loop.cancel()
         gate.set()

@@ -4,7 +4,8 @@ One model per device (`BatchedVoxCPM`), one step loop. Between two steps the loo
 prefills the segments waiting (one pass, so a join delays the running requests by about one step at most),
 and then steps every generating request by one patch. On a CUDA device a step is launched and read back
 later, and prefills run on a stream of their own beside it: segments waiting at a boundary or arriving while the
-step runs are prefilled then, join the next step, and the running requests never wait for a prefill.
+step runs are prefilled then and join the next step; the running requests wait for a pass only where its host
+work outlasts the step it runs beside.
 The torch work runs on a worker thread, so messages from the gRPC process (joins, texts, leaves) are read
 while a step runs; they take effect at the next boundary. All segments waiting at a boundary are prefilled
 together in one right-padded pass (one eager pass costs about a step whatever its rows, so prefilling one
