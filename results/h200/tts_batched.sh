@@ -5,6 +5,7 @@
 #   2. bench-tts on voxcpm2 (bf16 model, float32 VAE): the batched service (CUDA graphs per batch bucket,
 #      captured at start-up) and the batched engine in-process, C = 1..256; pool and direct are not rerun
 #      here (their H200 numbers: results/h200/README.md section 3).
+# CLIENT_PROCESSES: client processes of bench-tts (default 4: the 16-core machine's clients are not the limit);
 # CHECK_S=0 leaves step 1 out; BENCH_ARGS adds benchmark flags (e.g. "--compile --vae-dtype bfloat16"), SKIP the paths
 # left out (default pool,direct), LEVELS the concurrency levels.
 set -u
@@ -15,5 +16,5 @@ set -u
 # shellcheck disable=SC2086 # BENCH_ARGS are words, e.g. "--compile --vae-dtype bfloat16"
 timeout "${BENCH_S:-330}" python3 -m services.tts.benchmark --preset voxcpm2 --device cuda --threads 4 \
     --concurrency "${LEVELS:-1,2,4,8,16,32,64,128,256}" --requests 2 --skip "${SKIP:-pool,direct}" \
-    --cache-positions 512 ${BENCH_ARGS:-} 2>&1 | grep -v -i "warn" | tee "$OUT/tts_batched.txt"
+    --cache-positions 512 --client-processes "${CLIENT_PROCESSES:-4}" ${BENCH_ARGS:-} 2>&1 | grep -v -i "warn" | tee "$OUT/tts_batched.txt"
 date -u

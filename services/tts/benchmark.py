@@ -2,7 +2,8 @@
 
 `make bench-tts`. Same preset, weights, text and threads everywhere. At each concurrency C, C clients start
 together (or spread over `--ramp-s`) and each makes `--requests` Synthesize calls back to back over a real gRPC
-channel:
+channel (one per client process, `--client-processes`; each level ends with the clients' self-check: how late
+their processes woke up while they ran):
 
 - batched service: `python -m services.tts --backend batched --max-batch <max C>`: one model, the requests
   share every patch step;
@@ -77,6 +78,7 @@ class Level:
     ):
         self.runs, self.wall_s, self.chunks, self.window = runs, wall_s, chunks, window
         self.audio_s = sum(r[2] for r in runs) if audio_s is None else audio_s  # all audio, for the aggregate
+        self.client_lag_s = 0.0  # service levels: the clients' self-check (see client_check)
 
     def row(self, name: str, concurrency: int) -> str:
         first = [r[0] * 1000 for r in self.runs]
@@ -216,41 +218,99 @@ def service_args(preset: str, backend: str, threads: int, workers: int, max_batc
     ]  # fmt: skip
 
 
-def service_level(stub, concurrency: int, requests: int, ramp_s: float = 0.0) -> Level:
-    """C clients making `requests` calls each, back to back. With `ramp_s`, client i starts i/C of it after the
-    first, so their requests do not all start (and end) together; the first-audio and RTF percentiles then count
-    only the requests started once every client had started (the steady state), the aggregate counts all."""
+def _client_group(
+    address: str, indices: list[int], concurrency: int, requests: int, ramp_s: float, barrier=None
+) -> tuple:
+    """Clients `indices` of `concurrency` on one channel of their own, one thread each (see `service_level`).
+    Returns (runs, chunks, spans, (start, end), lag p99 s): lag is how late a 5 ms sleep of this process woke up while
+    its clients ran, the self-check that the client process kept up."""
     runs: list[tuple[float, float, float]] = []
     chunks: list[tuple[float, float]] = []
     spans: list[tuple[float, float]] = []  # per client: its first audio, its last chunk
-    steady_from = [0.0]  # set as the clients are released: when the last one starts
-    barrier = threading.Barrier(
-        concurrency,
-        action=lambda: steady_from.__setitem__(0, time.perf_counter() + ramp_s * (concurrency - 1) / concurrency),
-    )
+    lags: list[float] = []
+    with grpc.insecure_channel(address) as channel:
+        grpc.channel_ready_future(channel).result(timeout=60)
+        stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
+        if barrier is not None:
+            barrier.wait()  # every client process is connected
+        released = time.perf_counter()  # perf_counter is CLOCK_MONOTONIC: one clock for every process here
+        steady_from = released + ramp_s * (concurrency - 1) / concurrency  # when the last client starts
+        running = threading.Event()
 
-    def client(index: int) -> None:
-        mine: list[tuple[float, float]] = []
-        barrier.wait()
-        time.sleep(ramp_s * index / concurrency)
-        for _ in range(requests):
-            begun = time.perf_counter()
-            run = service_run(stub, TEXT, mine)
-            if begun >= steady_from[0] or not ramp_s:
-                runs.append(run)
-        chunks.extend(mine)
-        spans.append((mine[0][0], mine[-1][0]))
+        def client(index: int) -> None:
+            mine: list[tuple[float, float]] = []
+            time.sleep(max(0.0, released + ramp_s * index / concurrency - time.perf_counter()))
+            for _ in range(requests):
+                begun = time.perf_counter()
+                run = service_run(stub, TEXT, mine)
+                if begun >= steady_from or not ramp_s:
+                    runs.append(run)
+            chunks.extend(mine)
+            spans.append((mine[0][0], mine[-1][0]))
 
-    clients = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
-    started = time.perf_counter()
-    for thread in clients:
-        thread.start()
-    for thread in clients:
-        thread.join()
+        def watch() -> None:
+            while not running.is_set():
+                before = time.perf_counter()
+                time.sleep(0.005)
+                lags.append(time.perf_counter() - before - 0.005)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        clients = [threading.Thread(target=client, args=(i,)) for i in indices]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join()
+        running.set()
+        watcher.join()
+    return runs, chunks, spans, (released, time.perf_counter()), percentile(lags or [0.0], 99)
+
+
+def _client_process(address, indices, concurrency, requests, ramp_s, barrier, results) -> None:
+    results.put(_client_group(address, indices, concurrency, requests, ramp_s, barrier))
+
+
+def service_level(address: str, concurrency: int, requests: int, ramp_s: float = 0.0, processes: int = 1) -> Level:
+    """C clients making `requests` calls each, back to back, spread over `processes` client processes (each with
+    its own channel; 1: threads of this process). With `ramp_s`, client i starts i/C of it after the first, so their
+    requests do not all start (and end) together; the first-audio and RTF percentiles then count only the requests
+    started once every client had started (the steady state), the aggregate counts all."""
+    processes = max(1, min(processes, concurrency))
+    groups = [list(range(concurrency))[i::processes] for i in range(processes)]
+    if processes == 1:
+        parts = [_client_group(address, groups[0], concurrency, requests, ramp_s)]
+    else:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        barrier, results = context.Barrier(processes), context.Queue()
+        workers = [
+            context.Process(
+                target=_client_process, args=(address, group, concurrency, requests, ramp_s, barrier, results)
+            )
+            for group in groups
+        ]
+        for worker in workers:
+            worker.start()
+        parts = [results.get() for _ in workers]
+        for worker in workers:
+            worker.join()
+    runs = [run for part in parts for run in part[0]]
+    chunks = [chunk for part in parts for chunk in part[1]]
+    spans = [span for part in parts for span in part[2]]
+    started, ended = min(part[3][0] for part in parts), max(part[3][1] for part in parts)
     window = (max(first for first, _ in spans), min(last for _, last in spans))
-    wall_s = time.perf_counter() - started
-    audio_s = sum(seconds for _, seconds in chunks)
-    return Level(runs, wall_s, chunks, window, audio_s)
+    level = Level(runs, ended - started, chunks, window, sum(seconds for _, seconds in chunks))
+    level.client_lag_s = max(part[4] for part in parts)
+    return level
+
+
+def client_check(level: Level, concurrency: int, processes: int) -> str:
+    """The clients' self-check line of a level: the worst client process's p99 wake-up lag."""
+    lag_ms = 1000 * level.client_lag_s
+    verdict = "the clients kept up" if lag_ms < 10 else "the clients may be the limit: use more --client-processes"
+    spread = f"{concurrency:>5} clients in {min(processes, concurrency)} process(es)"
+    return f"{spread}: wake-up lag p99 {lag_ms:.1f} ms, {verdict}"
 
 
 def counters(url: str) -> dict[str, float]:
@@ -297,6 +357,12 @@ def main() -> None:
         help="services: clients start spread over this many seconds (0: together); percentiles then count the "
         "requests started after the ramp",
     )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="services: client processes the C clients are spread over (each its own channel; 1: threads here)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="direct runs at C=1")
     parser.add_argument("--skip", default="", help="paths to leave out: pool,direct,engine")
     parser.add_argument("--device", default="cpu", help="torch device of every model (cuda on a GPU)")
@@ -335,6 +401,7 @@ def main() -> None:
     )
     rows: dict[int, list[str]] = {c: [] for c in levels}
     steps: list[str] = []
+    checks: list[str] = []  # the clients' self-check per service level
     python = venv_python("tts")
     with (
         running_service(
@@ -352,10 +419,10 @@ def main() -> None:
         )
         for concurrency in levels:
             before = counters(service.metrics_url)
-            rows[concurrency].append(
-                service_level(stub, concurrency, args.requests, args.ramp_s).row("batched service", concurrency)
-            )
+            level = service_level(service.address, concurrency, args.requests, args.ramp_s, args.client_processes)
+            rows[concurrency].append(level.row("batched service", concurrency))
             steps.append(step_counters(before, counters(service.metrics_url), concurrency))
+            checks.append(client_check(level, concurrency, args.client_processes))
             print(rows[concurrency][-1], flush=True)
     if "direct" not in skip:
         direct = direct_runs(args.preset, args.threads, TEXT)
@@ -382,11 +449,9 @@ def main() -> None:
             stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
             service_run(stub, TEXT)
             for concurrency in levels:
-                rows[concurrency].append(
-                    service_level(stub, concurrency, args.requests, args.ramp_s).row(
-                        f"pool service x{args.pool_workers}", concurrency
-                    )
-                )
+                level = service_level(service.address, concurrency, args.requests, args.ramp_s, args.client_processes)
+                rows[concurrency].append(level.row(f"pool service x{args.pool_workers}", concurrency))
+                checks.append(client_check(level, concurrency, args.client_processes))
                 print(rows[concurrency][-1], flush=True)
 
     print(
@@ -402,6 +467,8 @@ def main() -> None:
         f"{'GFLOP/step':>11}{'MB/step':>10}{'GFLOP/s':>11}{'GB/s':>10}"
     )
     print("\n".join(steps))
+    print("\nclients' self-check per service level (batched, then pool)")
+    print("\n".join(checks))
     print(f"load average now {os.getloadavg()[0]:.1f} (2 cores)")
     medians = {}
     for concurrency in levels:

@@ -1,14 +1,13 @@
 """bench-tts's sustained throughput: the audio that arrived while every client was busy, over that window; a level
-measured for real against the tiny service has such a window and counts only chunks inside it."""
+measured for real against the tiny service has such a window and counts only chunks inside it; clients spread over
+processes and ramped all come back, with the clients' self-check."""
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
-from services.tts.benchmark import service_level, sustained_rate
+from services.tts.benchmark import client_check, service_level, sustained_rate
 from tests.harness import running_service, venv_python
-from voiceagent.v1 import tts_pb2_grpc
 
 
 def test_only_chunks_inside_the_window_count():
@@ -19,11 +18,9 @@ def test_only_chunks_inside_the_window_count():
 
 def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     args = ["--preset", "tiny", "--backend", "batched", "--max-batch", "4"]
-    with (
-        running_service("services.tts", venv_python("tts"), args) as service,
-        grpc.insecure_channel(service.address) as channel,
-    ):
-        level = service_level(tts_pb2_grpc.SpeechSynthesizerStub(channel), 3, 3)
+    with running_service("services.tts", venv_python("tts"), args) as service:
+        level = service_level(service.address, 3, 3)
+        spread = service_level(service.address, 4, 2, ramp_s=0.4, processes=2)
     start, end = level.window
     arrivals = [at for at, _ in level.chunks]
     assert min(arrivals) <= start < end <= max(arrivals)
@@ -34,3 +31,10 @@ def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     assert 0 < inside < sum(run[2] for run in level.runs)  # the start and the tail are left out
     assert sustained_rate(level.chunks, start, end) == pytest.approx(inside / (end - start))
     assert level.row("batched service", 3).split()[-1] != "-"
+    # clients in two processes, ramped: every client's requests come back, the steady-state percentiles count the
+    # requests started after the ramp (each client's second), the aggregate counts all of them
+    assert len(spread.chunks) > 0 and len(spread.runs) >= 4
+    assert sum(seconds for _, seconds in spread.chunks) == pytest.approx(spread.audio_s)
+    assert spread.audio_s > sum(run[2] for run in spread.runs)
+    assert 0 <= spread.client_lag_s < 1.0
+    assert "2 process(es)" in client_check(spread, 4, 2)
