@@ -48,6 +48,7 @@ PLACEMENT = {
     "cache_positions": 2048,
     "vae_dtype": "float32",
     "solver_attention": "default",
+    "prefill_graphs": False,
 }
 
 
@@ -165,6 +166,7 @@ def batched_engine(preset: str, threads: int, max_batch: int, cache_positions: i
         cache_positions,
         vae_dtype=config.vae_dtype,
         solver_attention=config.solver_attention,
+        prefill_graphs=config.prefill_graphs,
     )
     engine, _, _ = build_engine(spec)
     tokens = engine.text_tokens(TEXT)
@@ -215,6 +217,7 @@ def service_args(preset: str, backend: str, threads: int, workers: int, max_batc
         "--threads-per-worker", str(threads), "--max-queue", str(4 * max_batch), "--probe-ceilings", "false",
         "--device", PLACEMENT["device"], "--compile", str(PLACEMENT["compile"]).lower(),
         "--vae-dtype", PLACEMENT["vae_dtype"], "--solver-attention", PLACEMENT["solver_attention"],
+        "--prefill-graphs", str(PLACEMENT["prefill_graphs"]).lower(),
     ]  # fmt: skip
 
 
@@ -374,6 +377,7 @@ def main() -> None:
     parser.add_argument("--cache-positions", type=int, default=2048, help="batched: cache positions per slot")
     parser.add_argument("--vae-dtype", default="float32", help="batched: the audio VAE's dtype (float32, bfloat16)")
     parser.add_argument("--solver-attention", default="default", help="batched, compiled: the LocDiT's attention")
+    parser.add_argument("--prefill-graphs", action="store_true", help="batched, CUDA: prefill graphs per bucket")
     args = parser.parse_args()
     if args.ramp_s and args.requests < 2:
         parser.error("--ramp-s needs --requests >= 2: percentiles count the requests started after the ramp")
@@ -383,6 +387,7 @@ def main() -> None:
         cache_positions=args.cache_positions,
         vae_dtype=args.vae_dtype,
         solver_attention=args.solver_attention,
+        prefill_graphs=args.prefill_graphs,
     )
     levels = [int(c) for c in args.concurrency.split(",")]
     skip = set(filter(None, args.skip.split(",")))

@@ -60,9 +60,9 @@ def test_hostile_text_does_not_delay_a_small_request(stub, tts):
 def test_a_deadline_frees_the_slot_and_stops_the_engine_for_it(stub, tts):
     before = gauge(tts, "voiceagent_tts_patches_total")
     with pytest.raises(grpc.RpcError) as error:
-        # seeded: with random weights the stop head may end an unseeded request after three patches, in time
+        # ~100 patches of the tiny preset: well past 0.4 s even where a step takes 4 ms (a 1 s deadline was not)
         request = tts_pb2.SynthesizeRequest(text=LONG_TEXT, config=tts_pb2.SynthesisConfig(seed=0))
-        collect(stub.Synthesize(request, timeout=1.0))
+        collect(stub.Synthesize(request, timeout=0.4))
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert wait_for(lambda: gauge(tts, "voiceagent_tts_busy_workers") == 0, 10), "the slot stayed taken"
     made = gauge(tts, "voiceagent_tts_patches_total") - before

@@ -61,6 +61,7 @@ class BatchedBackend:
             config.cuda_graphs,
             config.vae_dtype,
             config.solver_attention,
+            config.prefill_graphs,
         )
         self.metrics = tts_metrics()
         self.work = service_metrics("tts")

@@ -43,12 +43,17 @@ class EngineSpec:
     cuda_graphs: bool = True  # on a CUDA device: capture the step per batch bucket at start-up
     vae_dtype: str = "float32"  # the audio VAE's decode: float32 as VoxCPM2 runs it, or bfloat16
     solver_attention: str = "default"  # with compile: the attention kernels of the LocDiT solve
+    prefill_graphs: bool = False  # CUDA: capture the prefill per (rows, tokens) bucket too (PREFILL_ROWS, _TOKENS)
 
 
 # What --compile compiles of the batched step (BatchedVoxCPM.compile). Not the LMs: traced, their in-place K/V
 # cache writes became a copy of the whole cache per layer (131 ms steps at 128 rows on the H200, against 60).
 COMPILED_PARTS = ("solver", "vae")
 BUCKET_STRIDE = 32  # graph buckets past 64 rows: a step's cost grows with its rows, padding is paid in full
+# prefill graph buckets: segments joining together, and their text tokens (+ the audio-start token); a 49-character
+# sentence is ~15 tokens; a prefill past the largest bucket runs eagerly
+PREFILL_ROWS = (1, 2, 4, 8, 16, 32)
+PREFILL_TOKENS = (16, 32, 64, 128)
 
 
 def graph_buckets(max_batch: int) -> list[int]:
@@ -412,6 +417,18 @@ def build_engine(spec: EngineSpec):
         capture_s = time.perf_counter() - started
         log.info("captured %d CUDA graphs (buckets %s) in %.1f s", len(engine.graphs), buckets, capture_s)
         payload["shape"] |= {"graph_buckets": len(engine.graphs), "graph_capture_s": round(capture_s, 2)}
+    payload["shape"]["prefill_graphs"] = 0
+    if spec.prefill_graphs and engine.device.type == "cuda":
+        started = time.perf_counter()
+        rows = [r for r in PREFILL_ROWS if r <= spec.max_batch]
+        tokens = [t for t in PREFILL_TOKENS if t < engine.max_length]
+        try:
+            engine.capture_prefill_graphs(rows, tokens)
+        except Exception:  # prefill eagerly rather than not at all; the log says why
+            log.exception("CUDA graph capture of the prefill failed; prefills run eagerly")
+            engine.prefill_graphs.clear()
+        log.info("captured %d prefill graphs in %.1f s", len(engine.prefill_graphs), time.perf_counter() - started)
+        payload["shape"]["prefill_graphs"] = len(engine.prefill_graphs)
     return engine, work, payload
 
 

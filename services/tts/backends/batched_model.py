@@ -185,6 +185,7 @@ class BatchedVoxCPM:
         self._t_spans: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, _GraphedStep] = {}  # by batch bucket, see capture_graphs
         self.graph_timesteps = 0
+        self.prefill_graphs: dict[tuple[int, int], _GraphedPrefill] = {}  # by (rows, tokens) bucket
         # prefill's own stream on a GPU: its work runs beside a launched step, not behind it (see `prefill`)
         self.prefill_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
@@ -216,10 +217,33 @@ class BatchedVoxCPM:
         rows = len(slots)
         lengths = [len(tokens) + 1 for tokens in token_lists]  # + the audio-start token
         longest = max(lengths)
-        text = torch.zeros(rows, longest, dtype=torch.long)
+        key = prefill_bucket(self.prefill_graphs, rows, longest)
+        padded_rows, padded_length = key or (rows, longest)
+        text = torch.zeros(padded_rows, padded_length, dtype=torch.long)
         for row, tokens in enumerate(token_lists):
             text[row, : lengths[row]] = torch.tensor([*tokens, model.audio_start_token])
-        text = self._upload(text)
+        # padding rows prefill the scratch slot (as a step's padding rows step it), one token long
+        slot_list = slots + [self.scratch] * (padded_rows - rows)
+        length_list = lengths + [1] * (padded_rows - rows)
+        if key is None:
+            self._prefill_device(
+                self._upload(torch.tensor(slot_list, dtype=torch.long)),
+                self._upload(text),
+                self._upload(torch.tensor(length_list, dtype=torch.long)),
+            )
+            return
+        graph = self.prefill_graphs[key]
+        graph.slots.copy_(self._upload(torch.tensor(slot_list, dtype=torch.long)))
+        graph.text.copy_(self._upload(text))
+        graph.lengths.copy_(self._upload(torch.tensor(length_list, dtype=torch.long)))
+        graph.graph.replay()
+
+    def _prefill_device(self, index: torch.Tensor, text: torch.Tensor, length_tensor: torch.Tensor) -> None:
+        """The prefill on the device, from device tensors only (what a prefill graph captures): slots `index` [R],
+        right-padded tokens `text` [R, L] and each row's length [R]. Positions past a row's length get K/V of its
+        padding; a step writes a position before it attends to it and masks the ones after, so they are never read."""
+        model = self.model
+        rows, longest = text.shape
         feat = torch.zeros(rows, longest, self.patch_size, self.feat_dim, device=self.device, dtype=self.dtype)
         text_mask = torch.ones(rows, longest, 1, dtype=torch.int32, device=self.device)
         feat_mask = torch.zeros_like(text_mask)
@@ -230,8 +254,6 @@ class BatchedVoxCPM:
         outputs = model.fsq_layer(outputs) * feat_mask + outputs * text_mask
         residual_in = model.fusion_concat_proj(torch.cat((outputs, feat_mask * feat_embed), dim=-1))
         residual_out, residual_kv = model.residual_lm(inputs_embeds=residual_in, is_causal=True)
-        index = self._upload(torch.tensor(slots, dtype=torch.long))
-        length_tensor = self._upload(torch.tensor(lengths, dtype=torch.long))
         last = length_tensor - 1
         for name, kv in (("base", base_kv), ("residual", residual_kv)):
             cache = self.caches[name]
@@ -467,6 +489,43 @@ class BatchedVoxCPM:
             pool = graph.pool()
             self.graphs[bucket] = _GraphedStep(graph, rows, noise, cfg, audio, stop)
         torch.cuda.synchronize()
+
+    @torch.inference_mode()
+    def capture_prefill_graphs(self, rows: list[int], tokens: list[int]) -> None:
+        """Capture the prefill once per (rows, tokens) bucket on the prefill stream (one memory pool, largest
+        first). An eager prefill is ~1,600 small launches from Python (15-50 ms of host time per pass on the H200,
+        longer while the engine's event loop wants the GIL, results/h200/README.md §3f); a replay is one. A prefill
+        that fits no bucket (more rows or a longer text) runs eagerly."""
+        torch.cuda.synchronize()
+        stream, pool = self.prefill_stream, None
+        for bucket in sorted(((r, t) for r in rows for t in tokens), reverse=True):
+            slots = torch.full((bucket[0],), self.scratch, dtype=torch.long, device=self.device)
+            text = torch.zeros(bucket, dtype=torch.long, device=self.device)
+            lengths = torch.ones(bucket[0], dtype=torch.long, device=self.device)
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: allocations and library handles before the capture
+                    self._prefill_device(slots, text, lengths)
+            stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                self._prefill_device(slots, text, lengths)
+            pool = graph.pool()
+            self.prefill_graphs[bucket] = _GraphedPrefill(graph, slots, text, lengths)
+        torch.cuda.synchronize()
+
+
+def prefill_bucket(graphs, rows: int, tokens: int) -> tuple[int, int] | None:
+    """The smallest captured (rows, tokens) bucket holding a prefill of `rows` segments of at most `tokens` tokens
+    (audio-start token included), or None: no graph holds it, the prefill runs eagerly."""
+    fits = [key for key in graphs if key[0] >= rows and key[1] >= tokens]
+    return min(fits, key=lambda key: (key[0] * key[1], key)) if fits else None
+
+
+class _GraphedPrefill:
+    """A captured prefill and its static inputs (slots, right-padded tokens, lengths), copied in before a replay."""
+
+    def __init__(self, graph, slots, text, lengths):
+        self.graph, self.slots, self.text, self.lengths = graph, slots, text, lengths
 
 
 class PendingStep:
