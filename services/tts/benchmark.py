@@ -76,10 +76,11 @@ class Level:
         chunks: list[tuple[float, float]] | None = None,
         window: tuple[float, float] | None = None,
         audio_s: float | None = None,
+        client_lag_s: float = 0.0,
     ):
         self.runs, self.wall_s, self.chunks, self.window = runs, wall_s, chunks, window
         self.audio_s = sum(r[2] for r in runs) if audio_s is None else audio_s  # all audio, for the aggregate
-        self.client_lag_s = 0.0  # service levels: the clients' self-check (see client_check)
+        self.client_lag_s = client_lag_s  # service levels: the clients' self-check (see client_check)
 
     def row(self, name: str, concurrency: int) -> str:
         first = [r[0] * 1000 for r in self.runs]
@@ -303,9 +304,8 @@ def service_level(address: str, concurrency: int, requests: int, ramp_s: float =
     spans = [span for part in parts for span in part[2]]
     started, ended = min(part[3][0] for part in parts), max(part[3][1] for part in parts)
     window = (max(first for first, _ in spans), min(last for _, last in spans))
-    level = Level(runs, ended - started, chunks, window, sum(seconds for _, seconds in chunks))
-    level.client_lag_s = max(part[4] for part in parts)
-    return level
+    audio_s = sum(seconds for _, seconds in chunks)
+    return Level(runs, ended - started, chunks, window, audio_s, max(part[4] for part in parts))
 
 
 def client_check(level: Level, concurrency: int, processes: int) -> str:
@@ -327,7 +327,7 @@ def counters(url: str) -> dict[str, float]:
 
 
 def step_counters(before: dict[str, float], after: dict[str, float], concurrency: int) -> str:
-    grew = {name: after[name] - before.get(name, 0.0) for name in after}
+    grew = {name: after[name] - before[name] for name in after}
     steps = grew["voiceagent_tts_step_requests_count"] or 1
     step_s = grew["voiceagent_tts_step_seconds_sum"]
     flops, read = grew["voiceagent_tts_model_flops_total"], grew["voiceagent_tts_model_read_bytes_total"]

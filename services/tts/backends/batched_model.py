@@ -225,17 +225,14 @@ class BatchedVoxCPM:
         # padding rows prefill the scratch slot (as a step's padding rows step it), one token long
         slot_list = slots + [self.scratch] * (padded_rows - rows)
         length_list = lengths + [1] * (padded_rows - rows)
+        inputs = [self._upload(torch.tensor(slot_list, dtype=torch.long)), self._upload(text)]
+        inputs.append(self._upload(torch.tensor(length_list, dtype=torch.long)))
         if key is None:
-            self._prefill_device(
-                self._upload(torch.tensor(slot_list, dtype=torch.long)),
-                self._upload(text),
-                self._upload(torch.tensor(length_list, dtype=torch.long)),
-            )
+            self._prefill_device(*inputs)
             return
         graph = self.prefill_graphs[key]
-        graph.slots.copy_(self._upload(torch.tensor(slot_list, dtype=torch.long)))
-        graph.text.copy_(self._upload(text))
-        graph.lengths.copy_(self._upload(torch.tensor(length_list, dtype=torch.long)))
+        for static, value in zip((graph.slots, graph.text, graph.lengths), inputs, strict=True):
+            static.copy_(value)
         graph.graph.replay()
 
     def _prefill_device(self, index: torch.Tensor, text: torch.Tensor, length_tensor: torch.Tensor) -> None:
