@@ -35,3 +35,16 @@ def test_a_short_soak_leaks_nothing(tmp_path):
     assert result.returncode == 0, f"{report['problems']}\n{output}"
     assert report["disruptions"]["cancelled"] > 0 and report["disruptions"]["disconnected"] > 0
     assert not report["problems"]
+
+
+def test_the_memory_verdict_tells_a_leak_from_churn():
+    """A leak raises the floor; churn (the CI's LLM: 4,593 -> 4,552 MiB, fitted at +632 MiB/h) does not."""
+    from loadgen.soak import floor_growth_per_hour, slope_per_hour
+
+    times = [60 + 5 * i for i in range(24)]  # the steady two minutes of a 3-minute soak, sampled every 5 s
+    leak = [(t, 4500 + t / 3600 * 1000 + (15 if i % 3 == 0 else 0)) for i, t in enumerate(times)]  # 1 GiB/h
+    assert slope_per_hour(leak) > 400 and floor_growth_per_hour(leak) > 400
+    # Peaks of freed-and-reused pools late in the window, a floor that drifts down.
+    churn = [(t, 4560 - i + (60 if i >= 12 and i % 2 else 0)) for i, t in enumerate(times)]
+    assert slope_per_hour(churn) > 400  # what failed the short soak
+    assert floor_growth_per_hour(churn) < 0
