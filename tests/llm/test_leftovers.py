@@ -1,16 +1,21 @@
 """A stopped LLM service leaves nothing in the temp folder but caches: vLLM's IPC sockets (seven per start, left
-behind by vLLM itself) live in a folder of the service's own, removed when it exits."""
+behind by vLLM itself) live in a folder of the service's own, removed when it exits. A SIGKILLed one leaves its
+folders (its own, with what its killed engine core left there, and the front-end supervisor's metrics folder):
+the next start removes them."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.harness import running_service, venv_python
+from tests.harness import running_service, start_service, venv_python
 from tests.llm.conftest import READY_TIMEOUT_S, TEST_ARGS, TEST_ENV
 
 CACHES = {"torchinductor_root", "voiceagent-llm"}  # torch's compile cache; the staged model folder, kept to reuse
@@ -39,3 +44,23 @@ def test_a_stopped_llm_service_leaves_only_caches_in_its_temp_folder(short_tmp):
     left = {p.name for p in tmp_path.iterdir()}
     assert left <= CACHES, f"left behind: {sorted(left - CACHES)}"
     assert not sockets(tmp_path)
+
+
+def test_what_a_sigkilled_llm_service_left_is_removed_by_the_next_start(short_tmp):
+    tmp_path = short_tmp
+    env = {**TEST_ENV, "TMPDIR": str(tmp_path)}
+    args = ["--preset", "tiny", *TEST_ARGS, "--frontends", "2"]  # restarted as it was deployed
+    killed = start_service("services.llm", venv_python("llm"), args, env)
+    try:
+        killed.wait_serving(READY_TIMEOUT_S)
+    finally:
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.proc.wait()
+    time.sleep(1)  # the lifeline takes the front ends and the engine core
+    left = {p.name for p in tmp_path.iterdir()} - CACHES
+    assert {name.split("-")[0] for name in left} >= {"va", "voiceagent"}, f"nothing left to remove: {left}"
+    # the engine core's own leftovers (its FileStore file, vllm_dist_*) are inside the service's folder
+    assert all(name.startswith(("va-llm-", "voiceagent-llm-metrics-")) for name in left), left
+    with running_service("services.llm", venv_python("llm"), args, env, READY_TIMEOUT_S):
+        assert not {p.name for p in tmp_path.iterdir()} & left, "the killed service's folders are still there"
+    assert {p.name for p in tmp_path.iterdir()} <= CACHES

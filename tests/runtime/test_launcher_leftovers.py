@@ -1,12 +1,16 @@
 """The launcher leaves nothing behind: the temporary log it gives a child it did not name a log for is removed when
 the launching process exits, unless VOICEAGENT_KEEP_LOGS=1 asks to keep it; a child's own temp folder
-(`private_tmp`, where `vllm serve` puts its IPC sockets) is removed once the child stopped, or at exit."""
+(`private_tmp`, where `vllm serve` puts its IPC sockets) is removed once the child stopped, or at exit. What a
+SIGKILLed launcher left is removed by the next launcher's first temporary log."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,3 +58,32 @@ def test_a_childs_own_temp_folder_is_gone_once_it_is_stopped():
     finally:
         child.stop(timeout_s=5)
     assert not child.private.exists()
+
+
+HOLD = LAUNCH + "print('launched', flush=True)\nimport time\ntime.sleep(60)\n"
+
+
+@pytest.fixture
+def short_tmp():
+    """A temp folder with a short path (private folders go under /tmp when the temp folder's path is long)."""
+    folder = Path(tempfile.mkdtemp(prefix="launcher-left-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_logs_of_a_sigkilled_launcher_are_removed_by_the_next_one(short_tmp):
+    tmp_path = short_tmp
+    env = {**os.environ, "VOICEAGENT_KEEP_LOGS": "", "TMPDIR": str(tmp_path)}
+    holding = subprocess.Popen([sys.executable, "-c", HOLD], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+    lines = [holding.stdout.readline() for _ in range(3)]
+    assert lines[-1].strip() == "launched", lines
+    log = Path(lines[0].strip())
+    os.kill(holding.pid, signal.SIGKILL)
+    holding.wait()
+    holding.stdout.close()
+    assert log.parent.parent == tmp_path, log
+    assert log.exists(), "a SIGKILLed launcher runs no exit handler: its log should still be there"
+    done = subprocess.run([sys.executable, "-c", LAUNCH], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not log.parent.exists(), f"the killed launcher's logs are still there: {sorted(tmp_path.rglob('*'))}"
+    assert not list(tmp_path.iterdir()), f"left: {sorted(tmp_path.rglob('*'))}"

@@ -38,7 +38,6 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -47,6 +46,7 @@ from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings, measure_ceil
 from voiceagent.serving.channel import Channel
 from voiceagent.serving.config import ServingConfig
 from voiceagent.serving.lifeline import start_process, stop_with_launcher
+from voiceagent.serving.tempdirs import private_folder
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,8 @@ class Supervisor:
         self.all_ready = asyncio.Event()
         self.stopping = asyncio.Event()
         self.failure = ""
-        self.metrics_dir = tempfile.mkdtemp(prefix=f"voiceagent-{name}-metrics-")
+        # swept by the next supervisor's start if this one is SIGKILLed (removed on stop otherwise)
+        self.metrics_dir = str(private_folder(f"voiceagent-{name}-metrics-"))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir  # before any front end starts
 
     def listen(self) -> None:

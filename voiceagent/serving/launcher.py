@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from voiceagent.serving.lifeline import launcher_env
-from voiceagent.serving.tempdirs import private_folder
+from voiceagent.serving.tempdirs import private_folder, shared_temp
 from voiceagent.serving.tls import PLAINTEXT, ClientTls, open_channel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,16 +47,27 @@ def venv_python(name: str) -> str:
     return str(path)
 
 
-_TEMPORARY_LOGS: list[Path] = []  # logs this process made up for its children, removed when it exits
+_LOG_FOLDERS: list[Path] = []  # the folder of the logs this process made up for its children, removed when it exits
 _PRIVATE_FOLDERS: list[Path] = []  # children's own temp folders, removed when it exits (if not before)
+
+
+def _temporary_log(name: str) -> Path:
+    """A log for a child the caller named none for. It goes in a folder of this process's own, removed when it exits
+    (or, if it is SIGKILLed, by the next process's first temporary log), unless VOICEAGENT_KEEP_LOGS=1 asks to keep
+    it: then in the shared temp folder."""
+    folder = shared_temp()
+    if os.environ.get("VOICEAGENT_KEEP_LOGS") != "1":
+        if not _LOG_FOLDERS:
+            _LOG_FOLDERS.append(private_folder("voiceagent-logs-"))
+        folder = str(_LOG_FOLDERS[0])
+    handle, path = tempfile.mkstemp(prefix=f"{name.replace(' ', '-')}-", suffix=".log", dir=folder)
+    os.close(handle)
+    return Path(path)
 
 
 @atexit.register
 def _remove_temporary_files() -> None:
-    if os.environ.get("VOICEAGENT_KEEP_LOGS") != "1":
-        for log in _TEMPORARY_LOGS:
-            log.unlink(missing_ok=True)
-    for folder in _PRIVATE_FOLDERS:
+    for folder in (*_LOG_FOLDERS, *_PRIVATE_FOLDERS):
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -73,10 +84,7 @@ class Process:
             _PRIVATE_FOLDERS.append(self.private)
             env = {**(env or {}), private_tmp: str(self.private)}
         if log is None:
-            handle, path = tempfile.mkstemp(prefix=f"{name.replace(' ', '-')}-", suffix=".log")
-            os.close(handle)
-            log = Path(path)
-            _TEMPORARY_LOGS.append(log)
+            log = _temporary_log(name)
         self.name, self.log = name, log
         self.started_at = time.time()  # wall clock, to tell which start-ups overlapped what
         with log.open("w") as out:

@@ -3,18 +3,25 @@
 Each folder holds an `.owner` file its process keeps locked (flock) for its life. The kernel drops that lock when the
 process ends, however it ends, SIGKILL included, so a folder whose lock can be taken was left by a process that is
 gone: the next `private_folder` of the same prefix removes it (a PID check would not do: a restarted container's
-service runs as the same PID, with the same /tmp)."""
+service runs as the same PID, with the same /tmp).
+
+`use_as_temp` makes such a folder the temp folder of the process and its children, for what libraries leave in it
+and cannot be told otherwise (vLLM's distributed FileStore file, left by a killed engine core); caches meant to
+outlive the process stay in the shared temp folder (`shared_temp`)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import getpass
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 OWNER = ".owner"
+SHARED_TEMP = "VOICEAGENT_SHARED_TMP"  # the temp folder before `use_as_temp`, inherited by children
 _HELD: dict[Path, int] = {}  # folder -> the descriptor holding its lock, open for the process's life
 
 
@@ -22,7 +29,7 @@ def private_folder(prefix: str) -> Path:
     """A new folder under the temp folder, or under /tmp when that path is long: a Unix socket's path (what such
     folders often hold: vLLM's IPC sockets) is at most 107 bytes. Folders of this prefix left by processes that are
     gone are removed first."""
-    base = tempfile.gettempdir()
+    base = shared_temp()
     base = "/tmp" if len(base) > 48 and os.path.isdir("/tmp") else base
     sweep(Path(base), prefix)
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
@@ -48,3 +55,25 @@ def sweep(base: Path, prefix: str) -> list[Path]:
             finally:
                 os.close(handle)
     return removed
+
+
+def shared_temp() -> str:
+    """The temp folder shared by the machine's processes: the one this process started with, before `use_as_temp`."""
+    return os.environ.get(SHARED_TEMP) or tempfile.gettempdir()
+
+
+def use_as_temp(folder: Path) -> None:
+    """Make `folder` the temp folder of this process and of the children it starts from now on. Torch's compile cache
+    (by default under the temp folder) is pinned to the shared one first, so compiled kernels are still reused by the
+    next start."""
+    shared = shared_temp()
+    os.environ[SHARED_TEMP] = shared
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    # torch's default_cache_dir(): <temp>/torchinductor_<user, sanitized>
+    sanitized = re.sub(r'[\\/:*?"<>|]', "_", user)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(shared, f"torchinductor_{sanitized}"))
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = str(folder)

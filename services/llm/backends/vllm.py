@@ -16,7 +16,6 @@ import hashlib
 import logging
 import os
 import signal
-import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -58,6 +57,7 @@ from services.llm.model_shape import ModelShape
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.lifeline import children_die_with_us
 from voiceagent.serving.metrics import service_metrics
+from voiceagent.serving.tempdirs import shared_temp
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def stage_model_dir(config: LlmConfig) -> str:
         return config.model
     sources = [Path(config.model_dir).resolve(), Path(config.tokenizer_dir).resolve()]
     digest = hashlib.sha256("\n".join(map(str, sources)).encode()).hexdigest()[:12]
-    staging = Path(tempfile.gettempdir()) / "voiceagent-llm" / f"{Path(config.model_dir).name}-{digest}"
+    staging = Path(shared_temp()) / "voiceagent-llm" / f"{Path(config.model_dir).name}-{digest}"
     staging.mkdir(parents=True, exist_ok=True)
     for path in (path for source in sources for path in source.iterdir() if path.is_file()):
         with contextlib.suppress(FileExistsError):  # another process staged it first
