@@ -12,7 +12,7 @@ import threading
 
 import torch
 
-from services.tts.backends.batched_engine import EngineSpec, Join, Patch, Speak, Stepped, _Scheduler
+from services.tts.backends.batched_engine import EngineSpec, Join, Patch, Patches, Speak, Stepped, _Scheduler
 from services.tts.backends.voxcpm import WorkerSpec
 from services.tts.config import TtsConfig
 
@@ -92,6 +92,10 @@ async def _next_step(model: _RecordingModel) -> None:
     await _until(lambda: len(model.launched) == count + 1)
 
 
+def _patches(outbox) -> list[Patch]:
+    return [patch for m in outbox.messages if isinstance(m, Patches) for patch in m.split()]
+
+
 def _join(scheduler: _Scheduler, request_id: int) -> None:
     scheduler.dispatch(Join(request_id, seed=request_id, timesteps=10, cfg_value=2.0))
     scheduler.dispatch(Speak(request_id, 0, f"request number {request_id} speaks"))
@@ -109,17 +113,17 @@ async def test_a_segment_arriving_during_a_step_on_the_device_is_prefilled_behin
         await _until(lambda: len(model.calls) == 3)
         assert model.calls[2] == ("prefill", [1])  # beside the running step, before it was read back
         await _until(lambda: scheduler.prefilling is None)  # the pass is done (it may also outlast a step)
-        assert not [m for m in outbox.messages if isinstance(m, Patch)]
+        assert not _patches(outbox)
         model.launched[0].finish.set()
         await _until(lambda: len(model.launched) == 2)
         assert model.calls[3] == ("launch", [0, 1])  # no prefill in between: the joiner is in the next step
         first = [m for m in outbox.messages if isinstance(m, Stepped)][0]
         assert first.requests == 1 and first.hidden_prefill_seconds > 0
-        patches = [m for m in outbox.messages if isinstance(m, Patch)]
+        patches = _patches(outbox)
         assert [(p.request_id, p.waited_steps) for p in patches] == [(1, 1)]
         model.launched[1].finish.set()
-        await _until(lambda: len([m for m in outbox.messages if isinstance(m, Patch)]) == 3)
-        joiner = [m for m in outbox.messages if isinstance(m, Patch) and m.request_id == 2]
+        await _until(lambda: len(_patches(outbox)) == 3)
+        joiner = [p for p in _patches(outbox) if p.request_id == 2]
         assert joiner[0].waited_steps == 2  # it waited for the step in flight, then spoke in its own
     finally:
         loop.cancel()

@@ -29,7 +29,7 @@ from services.tts.backends.batched_engine import (
     Failed,
     Join,
     Leave,
-    Patch,
+    Patches,
     Ready,
     SegmentDone,
     Shutdown,
@@ -138,7 +138,11 @@ class BatchedBackend:
             for message in messages:
                 if isinstance(message, Stepped):
                     self._record_step(message)
-                elif isinstance(message, Patch | SegmentDone | Failed):
+                elif isinstance(message, Patches):
+                    for patch in message.split():
+                        if (inbox := self.inboxes.get(patch.request_id)) is not None:
+                            inbox.put_nowait(patch)
+                elif isinstance(message, SegmentDone | Failed):
                     if (inbox := self.inboxes.get(message.request_id)) is not None:
                         inbox.put_nowait(message)
                 elif isinstance(message, Ready):

@@ -113,6 +113,19 @@ class Patch:
 
 
 @dataclasses.dataclass(frozen=True)
+class Patches:
+    """One step's patches in one message: a row of `audio` per entry, pickled as one array (256 Patch messages of
+    a row each cost the engine's event loop ~5 ms a step to pickle on a 2-core CPU, one array of them ~1 ms)."""
+
+    audio: np.ndarray  # [rows, samples] float32
+    entries: tuple[tuple[int, int, int], ...]  # per row: request_id, segment_index, waited_steps
+
+    def split(self) -> list[Patch]:
+        return [Patch(request, segment, self.audio[row], waited) for row, (request, segment, waited) in
+                enumerate(self.entries)]  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
 class SegmentDone:
     request_id: int
     segment_index: int
@@ -339,20 +352,26 @@ class _Scheduler:
         flops, read_bytes = self.work.per_step([r.context for r in batch], timesteps)
         self.channel.send(Stepped(len(batch), self.last_step_s, flops, read_bytes, prefill_s, self.hidden_s))
         self.hidden_s = 0.0
-        audio = audio.numpy()
-        for request, samples, stop in zip(batch, audio, stops, strict=True):
+        rows, entries, done = [], [], []
+        for row, (request, stop) in enumerate(zip(batch, stops, strict=True)):
             index = request.patches
             request.patches += 1
             request.context += 1
             if request.left:
                 continue
-            waited = self.steps - request.queued_at_step if index == 0 else 0
-            self.channel.send(Patch(request.join.request_id, request.segment_index, samples, waited))
+            rows.append(row)
+            entries.append((request.join.request_id, request.segment_index, self.steps - request.queued_at_step
+                            if index == 0 else 0))  # fmt: skip
             if (stop and index > 2) or request.patches >= request.limit:
-                self.running.remove(request)
-                self.channel.send(SegmentDone(request.join.request_id, request.segment_index, request.patches))
-                if request.texts:
-                    self._queue(request)
+                done.append(request)
+        if rows:  # a request's patch goes before its SegmentDone
+            audio = audio.numpy()
+            self.channel.send(Patches(audio if len(rows) == len(batch) else audio[rows], tuple(entries)))
+        for request in done:
+            self.running.remove(request)
+            self.channel.send(SegmentDone(request.join.request_id, request.segment_index, request.patches))
+            if request.texts:
+                self._queue(request)
 
 
 def engine_main(spec: EngineSpec, sock: socket.socket) -> None:
