@@ -21,7 +21,11 @@ of the message into bytes, protobuf parsing and making the prompt a str (the byt
 The summary gives each condition's median and p95 against the target, the quiet p95 + one engine step.
 
     flock /tmp/bench.lock .venv/dev/bin/python results/cpu/llm_hostile_ttft.py results/cpu/llm_hostile_ttft_<date> \
-        [--rounds N] [--conditions quiet,both->llm nice19,...]
+        [--rounds N] [--conditions quiet,both->llm nice19,...] [--pin]
+
+`--pin` puts the services (the LLM with its engine core, and the sink) on CPU 0 and every client (the small
+requests and the hostile ones) on CPU 1, as in a deployment where clients run elsewhere: what is left of the
+hostile prompts' cost is then the service's own work for them, not their clients' CPU.
 """
 
 from __future__ import annotations
@@ -131,11 +135,14 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--conditions", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--pin", action="store_true", help="services on CPU 0, clients on CPU 1")
     args = parser.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     work = subprocess.run([venv_python("llm"), "-c", EVENT_LOOP_WORK], cwd=REPO, capture_output=True, text=True)
+    if args.pin:
+        os.sched_setaffinity(0, {0})  # inherited by the sink and the LLM service started next
     sink = subprocess.Popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE, text=True)
     sink_address = f"127.0.0.1:{sink.stdout.readline().strip()}"
     results: dict = {"load_average_before": load, "event_loop_work_32mb_ms": work.stdout.strip() or work.stderr}
@@ -152,6 +159,9 @@ def main() -> None:
             running_service("services.llm", venv_python("llm"), ARGS, ENV) as llm,
             grpc.insecure_channel(llm.address, options=OPTIONS) as channel,
         ):
+            if args.pin:
+                os.sched_setaffinity(0, {1})  # this process's small requests and the hostile client processes
+                results["affinity"] = {"services": [0], "clients": [1]}
             stub = llm_pb2_grpc.TextGeneratorStub(channel)
             for _ in range(5):
                 small(stub)

@@ -14,6 +14,7 @@ import os
 import signal
 import statistics
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -21,6 +22,7 @@ from grpc_health.v1 import health_pb2
 
 from tests.harness import child_processes, running_service, sample_sum, scrape_samples, venv_python
 from tests.llm.conftest import TEST_ARGS, TEST_ENV, generate, wait_idle
+from voiceagent.serving.lanes import LOW_PRIORITY_NICE
 from voiceagent.v1 import llm_pb2, llm_pb2_grpc
 
 MAX_MODEL_LEN = 512  # TEST_ARGS
@@ -166,19 +168,32 @@ def test_hostile_prompts_do_not_delay_a_small_request(stub, llm):
         during = [_small(stub)[0] for _ in range(20)]
         hostile_sent = [future.result() for future in running]
     assert all(hostile_sent), f"hostile requests refused per client: {hostile_sent}"
-    # The issue's target is normal p95 + one engine step. On the shared 2-core machine the median met it in 2 of 3
-    # runs and missed by 7 % in the third (2026-12-04, load average ~3: medians 14.4, 16.2, 11.6 ms against 13.4,
-    # 17.0, 16.7 ms), so it is asserted with a factor 2 for the machine's noise; the p95s, measured over 45 samples
-    # per condition, are in results/cpu/llm_hostile_ttft_2026-12-04/ (there the LLM's gRPC receive limit took the
-    # p95 with both hostile kinds from 94.7 to 22.7 ms). Before the hostile clients imported this module ahead of
-    # the measured window (torch and transformers, at nice 0), the median read 2.2x, 3.1x and 5.2x in 3 of 4 runs.
+    # The issue's target: normal p95 + one engine step, met by the median. The p95s, 45 samples per condition, are in
+    # results/cpu/llm_hostile_ttft_2026-12-04b/: prompts past 4,096 characters are tokenised in a background lane at a
+    # lower CPU priority (voiceagent/serving/lanes.py), which took the median with prompts just under the limit from
+    # 13.3-13.7 to 9.2-11.5 ms (target 14.2-17.9) in interleaved runs on this 2-core machine, and from 32.6 to 15.2 ms
+    # with clients and service on cores of their own. Here three runs of this test read 0.84, 0.98 and 0.56 of the
+    # target (its p95 comes from 20 quiet requests, 7.9-18.1 ms), so it is asserted with a factor 1.5 for the shared
+    # machine's noise (until the lane it was 2: 0.7-1.07 of the target then).
     target = p95 + engine_step
     print(f"normal p95 {p95 * 1000:.1f} ms + step {engine_step * 1000:.1f} ms = {target * 1000:.1f} ms; under hostile "
           f"prompts median {statistics.median(during) * 1000:.1f} ms, max {max(during) * 1000:.1f} ms")  # fmt: skip
-    assert statistics.median(during) <= 2 * target, (
+    assert statistics.median(during) <= 1.5 * target, (
         f"small request TTFT under hostile prompts: median {statistics.median(during) * 1000:.1f} ms, "
         f"normal p95 {p95 * 1000:.1f} ms + one engine step {engine_step * 1000:.1f} ms = {target * 1000:.1f} ms"
     )
+    niced = [nice for nice in thread_nices(llm.pid) if nice == LOW_PRIORITY_NICE]
+    assert niced, f"no thread of the LLM process at nice {LOW_PRIORITY_NICE}: {thread_nices(llm.pid)}"
+
+
+def thread_nices(pid: int) -> list[int]:
+    """The nice value of each thread of `pid` (/proc/<pid>/task/<tid>/stat, field 19)."""
+    nices = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            stat = (task / "stat").read_text()
+            nices.append(int(stat[stat.rindex(")") + 2 :].split()[16]))
+    return nices
 
 
 def test_a_client_deadline_stops_the_engine_request_and_frees_its_slot(stub, llm):

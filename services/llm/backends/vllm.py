@@ -55,6 +55,7 @@ from services.llm.backend import (
 from services.llm.config import PRESETS, LlmConfig
 from services.llm.model_shape import ModelShape
 from voiceagent.serving.info import ModelFacts
+from voiceagent.serving.lanes import background_lane
 from voiceagent.serving.lifeline import children_die_with_us
 from voiceagent.serving.metrics import service_metrics
 from voiceagent.serving.tempdirs import shared_temp
@@ -64,7 +65,17 @@ log = logging.getLogger(__name__)
 GIB = 1 << 30
 # A text longer than this many characters per token it may hold is first counted on a prefix (see _encode).
 PROBE_CHARS_PER_TOKEN = 8
+# Prompts longer than this are tokenised in a background lane (voiceagent/serving/lanes.py): a client's long prompts,
+# sent back to back, then yield the CPU to the engine and to short requests. ~1 ms of tokenising at most inline.
+LONG_PROMPT_CHARS = 4096
 ENGINE_WATCH_S = 0.5  # how often the engine core's liveness is checked while no request would notice
+
+
+def prompt_chars(prompt) -> int:
+    """Characters of a text prompt or of a chat's contents (token ids: 0)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(turn.content) for turn in prompt if isinstance(turn, ChatTurn))
 
 
 def longest_token_bytes(tokenizer) -> int:
@@ -204,6 +215,7 @@ class VllmGenerator:
         self.vocab_size = 0
         self.max_model_len = 0
         self.longest_token_bytes = 0
+        self.long_prompts = background_lane("long-prompts", workers=2)
         self.failure = ""
         self._watch: asyncio.Task | None = None
 
@@ -271,6 +283,7 @@ class VllmGenerator:
             pass
 
     async def stop(self) -> None:
+        self.long_prompts.shutdown(wait=False, cancel_futures=True)
         if self._watch is not None:
             self._watch.cancel()
         if self.engine is None and self._building is not None:
@@ -346,10 +359,12 @@ class VllmGenerator:
         if isinstance(request.prompt, tuple) and request.prompt and not isinstance(request.prompt[0], ChatTurn):
             prompt_ids = list(request.prompt)  # token ids: nothing to tokenise
         else:
-            # Tokenising (and a chat template) takes ~1 ms per KB; off the event loop, other streams keep going
-            # (the tokenizers library releases the interpreter lock while it encodes).
+            # Tokenising (and a chat template) takes ~1 ms per 4 KB; off the event loop, other streams keep going
+            # (the tokenizers library releases the interpreter lock while it encodes); a long prompt in the
+            # background lane, at a lower CPU priority.
             room = self.max_model_len - sampling.max_tokens
-            prompt_ids = await asyncio.to_thread(self._prompt_ids, request.prompt, room)
+            lane = self.long_prompts if prompt_chars(request.prompt) > LONG_PROMPT_CHARS else None
+            prompt_ids = await asyncio.get_running_loop().run_in_executor(lane, self._prompt_ids, request.prompt, room)
         if not prompt_ids:
             raise InvalidRequest("prompt", "is empty after tokenisation")
         prompt_len = len(prompt_ids)
