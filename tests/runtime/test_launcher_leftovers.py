@@ -18,10 +18,12 @@ import pytest
 
 from tests.harness import REPO
 from voiceagent.serving.launcher import Process
+from voiceagent.serving.tempdirs import shared_temp
 
 LAUNCH = """
 import sys
 from voiceagent.serving.launcher import Process
+from voiceagent.serving.tempdirs import shared_temp
 child = Process("a child", [sys.executable, "-c", "print('spoken by the child')"], private_tmp="CHILD_TMP")
 child.proc.wait()
 print(child.log)
@@ -87,3 +89,16 @@ def test_the_logs_of_a_sigkilled_launcher_are_removed_by_the_next_one(short_tmp)
     assert done.returncode == 0, done.stderr
     assert not log.parent.exists(), f"the killed launcher's logs are still there: {sorted(tmp_path.rglob('*'))}"
     assert not list(tmp_path.iterdir()), f"left: {sorted(tmp_path.rglob('*'))}"
+
+
+def test_a_childs_own_folder_is_its_temp_folder_and_torchs_compile_cache_stays_shared():
+    report = "import os, tempfile; print(tempfile.gettempdir()); print(os.environ['TORCHINDUCTOR_CACHE_DIR'])"
+    child = Process("a child", [sys.executable, "-c", report], private_tmp="CHILD_TMP")
+    try:
+        child.proc.wait(timeout=30)
+        temp, inductor = child.output().split()
+        assert Path(temp) == child.private  # what it leaves in its temp folder goes with the folder
+        assert Path(inductor).parent == Path(shared_temp()) and Path(inductor).name.startswith("torchinductor_")
+    finally:
+        child.stop(timeout_s=5)
+    assert not child.private.exists()

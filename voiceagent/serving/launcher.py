@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from voiceagent.serving.lifeline import launcher_env
-from voiceagent.serving.tempdirs import private_folder, shared_temp
+from voiceagent.serving.tempdirs import private_folder, shared_temp, temp_env
 from voiceagent.serving.tls import PLAINTEXT, ClientTls, open_channel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,12 +77,13 @@ class Process:
     def __init__(self, name: str, command: Sequence[str], log: Path | None = None, env: dict[str, str] | None = None,
                  private_tmp: str = ""):  # fmt: skip
         """`private_tmp`: an environment variable the child gets naming a folder of its own, removed once the
-        child stopped (by `stop`, or when this process exits)."""
+        child stopped (by `stop`, or when this process exits). It is the child's temp folder too (TMPDIR), so
+        what the child leaves there when killed (`vllm serve`'s FileStore file) goes with it."""
         self.private = None
         if private_tmp:
             self.private = private_folder(f"{name.replace(' ', '-')}-")
             _PRIVATE_FOLDERS.append(self.private)
-            env = {**(env or {}), private_tmp: str(self.private)}
+            env = {**(env or {}), **temp_env(self.private), private_tmp: str(self.private)}
         if log is None:
             log = _temporary_log(name)
         self.name, self.log = name, log

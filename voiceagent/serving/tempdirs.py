@@ -62,18 +62,20 @@ def shared_temp() -> str:
     return os.environ.get(SHARED_TEMP) or tempfile.gettempdir()
 
 
-def use_as_temp(folder: Path) -> None:
-    """Make `folder` the temp folder of this process and of the children it starts from now on. Torch's compile cache
-    (by default under the temp folder) is pinned to the shared one first, so compiled kernels are still reused by the
-    next start."""
+def temp_env(folder: Path) -> dict[str, str]:
+    """The environment that makes `folder` a process's temp folder, with torch's compile cache (by default under the
+    temp folder) pinned to the shared one, so compiled kernels are still reused by the next start."""
     shared = shared_temp()
-    os.environ[SHARED_TEMP] = shared
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = f"uid_{os.getuid()}"
-    # torch's default_cache_dir(): <temp>/torchinductor_<user, sanitized>
-    sanitized = re.sub(r'[\\/:*?"<>|]', "_", user)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(shared, f"torchinductor_{sanitized}"))
-    os.environ["TMPDIR"] = str(folder)
+    sanitized = re.sub(r'[\\/:*?"<>|]', "_", user)  # as torch's default_cache_dir(): <temp>/torchinductor_<user>
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(shared, f"torchinductor_{sanitized}")
+    return {SHARED_TEMP: shared, "TORCHINDUCTOR_CACHE_DIR": inductor, "TMPDIR": str(folder)}
+
+
+def use_as_temp(folder: Path) -> None:
+    """Make `folder` the temp folder of this process and of the children it starts from now on (`temp_env`)."""
+    os.environ.update(temp_env(folder))
     tempfile.tempdir = str(folder)
