@@ -11,9 +11,12 @@ import sys
 from tests.harness import REPO
 
 SOAK_S = 180
-# Three minutes cannot resolve a slow leak: memory settles for longer than that (allocator pools, caches).
-# The short run bounds what it can see, a fast leak; the 30-minute `make soak` keeps the 50 MiB/h default.
-SHORT_RSS_BOUND_MIB_PER_H = 400
+# Three minutes cannot resolve a slow leak: memory settles for longer than that (allocator pools, caches), and the
+# LLM's (engine core included, ~4.5 GB) swings by tens of MiB: in 2 minutes of steady window, 14 MiB of warm-up
+# growth fitted +477 MiB/h (floor +492) on 2026-12-04, and dips fitted +632 and +854 MiB/h to runs whose memory fell.
+# The short run bounds what it can see, a fast leak: 1,500 MiB/h is 50 MiB over its steady window, ~55 KB per LLM
+# request at the ~450 a minute it serves. The 30-minute `make soak` keeps the 50 MiB/h default (results/cpu/README.md).
+SHORT_RSS_BOUND_MIB_PER_H = 1500
 # The services' start-up is bounded by the soak itself, on their health (the test once failed at load average
 # 35-86, the LLM not ready in time, under a bound of load time + 900 s for everything); the test's own bound comes
 # after the soak's and after the verdict and the drain, so the soak says which service was late, not killed.
