@@ -38,6 +38,7 @@ import os
 import shutil
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -137,8 +138,9 @@ class Supervisor:
         self.all_ready = asyncio.Event()
         self.stopping = asyncio.Event()
         self.failure = ""
-        # swept by the next supervisor's start if this one is SIGKILLed (removed on stop otherwise)
-        self.metrics_dir = str(private_folder(f"voiceagent-{name}-metrics-"))
+        # Removed on stop. In the process's temp folder: the LLM's own (tempdirs.use_as_temp), which any next start of
+        # the service sweeps if this one is SIGKILLed; elsewhere the shared one, swept by the next supervisor's start.
+        self.metrics_dir = str(private_folder(f"voiceagent-{name}-metrics-", base=tempfile.gettempdir()))
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir  # before any front end starts
 
     def listen(self) -> None:

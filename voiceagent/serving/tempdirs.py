@@ -25,11 +25,11 @@ SHARED_TEMP = "VOICEAGENT_SHARED_TMP"  # the temp folder before `use_as_temp`, i
 _HELD: dict[Path, int] = {}  # folder -> the descriptor holding its lock, open for the process's life
 
 
-def private_folder(prefix: str) -> Path:
-    """A new folder under the temp folder, or under /tmp when that path is long: a Unix socket's path (what such
-    folders often hold: vLLM's IPC sockets) is at most 107 bytes. Folders of this prefix left by processes that are
-    gone are removed first."""
-    base = shared_temp()
+def private_folder(prefix: str, base: str | None = None) -> Path:
+    """A new folder under `base` (by default the shared temp folder), or under /tmp when that path is long: a Unix
+    socket's path (what such folders often hold: vLLM's IPC sockets) is at most 107 bytes. Folders of this prefix
+    left by processes that are gone are removed first."""
+    base = base or shared_temp()
     base = "/tmp" if len(base) > 48 and os.path.isdir("/tmp") else base
     sweep(Path(base), prefix)
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
