@@ -20,7 +20,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.harness import child_processes, running_service, sample_sum, scrape_samples, venv_python
+from tests.harness import child_processes, proc_stat, running_service, sample_sum, scrape_samples, venv_python
 from tests.llm.conftest import TEST_ARGS, TEST_ENV, generate, wait_idle
 from voiceagent.serving.lanes import LOW_PRIORITY_NICE
 from voiceagent.v1 import llm_pb2, llm_pb2_grpc
@@ -187,12 +187,11 @@ def test_hostile_prompts_do_not_delay_a_small_request(stub, llm):
 
 
 def thread_nices(pid: int) -> list[int]:
-    """The nice value of each thread of `pid` (/proc/<pid>/task/<tid>/stat, field 19)."""
+    """The nice value of each thread of `pid`."""
     nices = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):
-            stat = (task / "stat").read_text()
-            nices.append(int(stat[stat.rindex(")") + 2 :].split()[16]))
+            nices.append(int(proc_stat(pid, int(task.name))[16]))
     return nices
 
 

@@ -6,14 +6,9 @@ the next start removes them."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import stat
-import tempfile
 import time
-from pathlib import Path
-
-import pytest
 
 from tests.harness import running_service, start_service, venv_python
 from tests.llm.conftest import READY_TIMEOUT_S, TEST_ARGS, TEST_ENV
@@ -23,14 +18,6 @@ CACHES = {"torchinductor_root", "voiceagent-llm"}  # torch's compile cache; the 
 
 def sockets(folder) -> list[str]:
     return [p.name for p in folder.rglob("*") if stat.S_ISSOCK(p.lstat().st_mode)]
-
-
-@pytest.fixture
-def short_tmp():
-    """A temp folder with a short path: a Unix socket's path holds at most 107 bytes (pytest's tmp_path is longer)."""
-    folder = Path(tempfile.mkdtemp(prefix="llm-left-", dir="/tmp"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_stopped_llm_service_leaves_only_caches_in_its_temp_folder(short_tmp):

@@ -6,11 +6,9 @@ SIGKILLed launcher left is removed by the next launcher's first temporary log.""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +21,6 @@ from voiceagent.serving.tempdirs import shared_temp
 LAUNCH = """
 import sys
 from voiceagent.serving.launcher import Process
-from voiceagent.serving.tempdirs import shared_temp
 child = Process("a child", [sys.executable, "-c", "print('spoken by the child')"], private_tmp="CHILD_TMP")
 child.proc.wait()
 print(child.log)
@@ -63,14 +60,6 @@ def test_a_childs_own_temp_folder_is_gone_once_it_is_stopped():
 
 
 HOLD = LAUNCH + "print('launched', flush=True)\nimport time\ntime.sleep(60)\n"
-
-
-@pytest.fixture
-def short_tmp():
-    """A temp folder with a short path (private folders go under /tmp when the temp folder's path is long)."""
-    folder = Path(tempfile.mkdtemp(prefix="launcher-left-", dir="/tmp"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_logs_of_a_sigkilled_launcher_are_removed_by_the_next_one(short_tmp):

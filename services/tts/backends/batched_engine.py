@@ -114,8 +114,8 @@ class Patch:
 
 @dataclasses.dataclass(frozen=True)
 class Patches:
-    """One step's patches in one message: a row of `audio` per entry, pickled as one array (256 Patch messages of
-    a row each cost the engine's event loop ~5 ms a step to pickle on a 2-core CPU, one array of them ~1 ms)."""
+    """One step's patches in one message: a row of `audio` per entry, pickled as one array (at 256 rows, 1.3 ms of
+    the engine loop's time per step as 256 Patch messages, 0.3 ms as one: results/cpu/tts_patches_2026-12-04)."""
 
     audio: np.ndarray  # [rows, samples] float32
     entries: tuple[tuple[int, int, int], ...]  # per row: request_id, segment_index, waited_steps
