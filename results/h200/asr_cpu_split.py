@@ -6,6 +6,11 @@ processes (`--clients`) and prints the stream RTF next to the CPU each process u
 process, and the clients. A process whose main thread sits at ~1.0 CPU-s/s is the one that limits the
 service. The service's own step histograms add the steps taken, the mean streams per step and the share of
 the wall time spent stepping. Used on the lent H200, where the service carried fewer streams than NeMo driven directly.
+
+`--service-args` adds service flags (e.g. "--step-policy clocked --frontends 4 --graph-chunks 320"); with front ends
+the service is several processes, so each level also prints every process under the service's (its CPU-s/s, and
+that of its busiest thread, named). `--py-spy DIR` records each of those processes with py-spy (raw, folded stacks)
+during each level, into DIR/<streams>_<pid>.txt.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ import asyncio
 import math
 import multiprocessing
 import os
+import shlex
+import subprocess
 import time
+from pathlib import Path
 
 from services.asr.benchmark import EngineDirect, clip_seconds, service_rtf, start_asr_service
 from voiceagent.serving.launcher import child_processes, proc_stat, sample_sum, scrape_samples
@@ -27,6 +35,46 @@ def cpu_s(pid: int, tid: int | None = None) -> float:
     """utime + stime of a process (or one of its threads) in seconds."""
     fields = proc_stat(pid, tid)
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (children, their children, ...)."""
+    found, frontier = [], [pid]
+    while frontier:
+        children = child_processes(frontier.pop(), lambda command: True)
+        found += children
+        frontier += children
+    return found
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread of `pid`, keyed 'tid name'."""
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            threads[f"{task.name} {name}"] = cpu_s(pid, int(task.name))
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return threads
+
+
+def per_process(pids: list[int]) -> dict[int, tuple[float, dict[str, float]]]:
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = (cpu_s(pid), thread_cpu(pid))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def role(pid: int) -> str:
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    return " ".join(w.decode(errors="replace") for w in words[-3:] if w)[-60:]
 
 
 def step_totals(metrics_url: str) -> tuple[float, float, float]:
@@ -43,7 +91,11 @@ def _client(address: str, chunk_ms: int, streams: int, seconds: float, go, resul
     """One client process: waits for `go` (imports done), runs its streams, reports (RTF, its CPU-s)."""
     go.wait()
     cpu = time.process_time()
-    rtf = asyncio.run(service_rtf(address, chunk_ms, streams, seconds))
+    try:
+        rtf = asyncio.run(service_rtf(address, chunk_ms, streams, seconds))
+    except Exception as error:  # a refused or failed stream: the level reports it instead of waiting for ever
+        print(f"client of {streams} streams failed: {error!r}"[:300], flush=True)
+        rtf = math.nan
     results.put((rtf, time.process_time() - cpu))
 
 
@@ -59,8 +111,11 @@ def main() -> None:
     parser.add_argument("--clip-s", type=float, default=4.8, help="clip length (longer: set-up costs matter less)")
     parser.add_argument("--engine-process", default="true")
     parser.add_argument("--engine-direct", action="store_true", help="first, NeMo driven directly at each N")
+    parser.add_argument("--service-args", default="", help="extra service flags (one string)")
+    parser.add_argument("--py-spy", default="", help="a folder: py-spy records of every service process per level")
     args = parser.parse_args()
-    limit = max(int(n) for n in args.streams.split(","))
+    # slots for twice the largest N: each front end admits its share, and clients' channels may not spread evenly
+    limit = 2 * max(int(n) for n in args.streams.split(","))
     seconds = clip_seconds(args.chunk_ms, args.clip_s)
     if args.engine_direct:  # the same N without gRPC: one batched step of all N per chunk
         engine = EngineDirect(args.preset, args.threads, args.device, args.dtype)
@@ -81,12 +136,15 @@ def main() -> None:
         args.threads,
         args.device,
         args.dtype,
-        ["--engine-process", args.engine_process],
+        ["--engine-process", args.engine_process, *shlex.split(args.service_args)],
     )
     try:
         server = service.proc.pid
         engines = child_processes(server, lambda command: b"spawn_main" in command)
+        tree = [server, *descendants(server)]
         print(f"server pid {server}, engine pids {engines}; chunk {args.chunk_ms} ms, clips {seconds} s", flush=True)
+        for pid in tree:
+            print(f"  process {pid}: {role(pid)}", flush=True)
         print(
             "streams | clients | RTF  | wall s | gRPC proc CPU-s/s | gRPC main thread | engine proc | clients "
             "| steps | streams/step | ms per step | stepping share of wall"
@@ -114,25 +172,67 @@ def main() -> None:
                 time.sleep(5)  # imports done: the clients wait on `go`
                 before = (cpu_s(server), cpu_s(server, server), sum(cpu_s(e) for e in engines))
                 steps_before = step_totals(service.metrics_url)
+                processes_before = per_process(tree)
                 started = time.perf_counter()
                 go.set()
+                spies = []
+                if args.py_spy:
+                    Path(args.py_spy).mkdir(parents=True, exist_ok=True)
+                    spies = [
+                        subprocess.Popen(
+                            [
+                                "py-spy",
+                                "record",
+                                "--pid",
+                                str(pid),
+                                "--duration",
+                                str(max(1, int(seconds) - 1)),
+                                "--rate",
+                                "200",
+                                "--format",
+                                "raw",
+                                "--threads",
+                                "--nonblocking",
+                                "--output",
+                                f"{args.py_spy}/{streams}_{pid}.txt",
+                            ],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )  # fmt: skip
+                        for pid in tree
+                    ]
                 reports = [results.get() for _ in workers]
                 wall = time.perf_counter() - started
+                processes_after = per_process(tree)
+                for spy in spies:
+                    spy.wait(timeout=30)
                 after = (cpu_s(server), cpu_s(server, server), sum(cpu_s(e) for e in engines))
                 now = step_totals(service.metrics_url)
                 steps, stepped, stepping = (a - b for a, b in zip(now, steps_before, strict=True))
                 for worker in workers:
                     worker.join()
                 rtfs = [rtf for rtf, _ in reports]
+                worst = math.nan if any(math.isnan(rtf) for rtf in rtfs) else max(rtfs)  # nan: a client failed
                 client_cpu = sum(cpu for _, cpu in reports)
                 used = [(a - b) / wall for a, b in zip(after, before, strict=True)]
                 print(
-                    f"{streams:7d} | {clients:7d} | {max(rtfs):.2f} | {wall:6.1f} | {used[0]:17.2f} | "
+                    f"{streams:7d} | {clients:7d} | {worst:.2f} | {wall:6.1f} | {used[0]:17.2f} | "
                     f"{used[1]:16.2f} | {used[2]:11.2f} | {client_cpu / wall:.2f} "
                     f"| {steps:5.0f} | {stepped / max(steps, 1):12.1f} "
                     f"| {stepping / max(steps, 1) * 1000:11.0f} | {stepping / wall:.2f}",
                     flush=True,
                 )
+                for pid, (total, threads) in processes_after.items():
+                    if pid not in processes_before:
+                        continue
+                    before_total, before_threads = processes_before[pid]
+                    used_by = {name: (cpu - before_threads.get(name, 0.0)) / wall for name, cpu in threads.items()}
+                    busiest = max(used_by, key=used_by.get)
+                    print(
+                        f"    pid {pid} ({role(pid)}): {(total - before_total) / wall:.2f} CPU-s/s, busiest thread "
+                        f"{busiest} {used_by[busiest]:.2f}",
+                        flush=True,
+                    )
     finally:
         service.terminate()
 

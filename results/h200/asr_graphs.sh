@@ -6,7 +6,8 @@
 #   bench  services/asr/benchmark.py at $CHUNKS: NeMo's own loop vs the service with graphs, 4 client processes
 #   service  the service with graphs alone (no engine-direct), the same search
 #   bench-eager  the service with --cuda-graphs false, the same search
-# Every stage has its own time limit; outputs go to $OUT.
+# SERVICE_ARGS adds service flags (e.g. "--step-policy clocked --frontends 4"). Every stage has its own time limit;
+# outputs go to $OUT (a stage's file name ends in $TAG when set).
 set -u
 OUT=${OUT:-/tmp/h200-out}
 mkdir -p "$OUT"
@@ -36,20 +37,20 @@ for stage in "$@"; do
     bench)
         timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
             --dtype bfloat16 --only engine,cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
-            --start-streams "${START:-1024}" $SEARCH --service-args "--graph-chunks $CHUNKS" 2>&1 \
-            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_bench_$CHUNKS.txt"
+            --start-streams "${START:-1024}" $SEARCH --service-args "--graph-chunks $CHUNKS ${SERVICE_ARGS:-}" 2>&1 \
+            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_bench_$CHUNKS${TAG:-}.txt"
         ;;
     service)
         timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
             --dtype bfloat16 --only cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
-            --start-streams "${START:-512}" $SEARCH --service-args "--graph-chunks $CHUNKS" 2>&1 \
-            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_service_$CHUNKS.txt"
+            --start-streams "${START:-512}" $SEARCH --service-args "--graph-chunks $CHUNKS ${SERVICE_ARGS:-}" 2>&1 \
+            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_service_$CHUNKS${TAG:-}.txt"
         ;;
     bench-eager)
         timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
             --dtype bfloat16 --only cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
-            --start-streams "${START:-512}" $SEARCH --service-args "--cuda-graphs false" 2>&1 \
-            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_eager_bench_$CHUNKS.txt"
+            --start-streams "${START:-512}" $SEARCH --service-args "--cuda-graphs false ${SERVICE_ARGS:-}" 2>&1 \
+            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_eager_bench_$CHUNKS${TAG:-}.txt"
         ;;
     esac
 done

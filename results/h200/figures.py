@@ -94,6 +94,43 @@ def asr_figures() -> dict:
     }
 
 
+ASR_SERVICE_FLAGS = re.compile(r"service flags (.+?); clips")
+ASR_SPLIT_LEVEL = re.compile(
+    r"^\s*(\d+) \|\s+(\d+) \| ([\d.]+) \|\s+([\d.]+) \|.*\|\s+([\d.]+) \| ([\d.]+) \|\s+(\d+) \|\s+([\d.]+) "
+    r"\|\s+(\d+) \| ([\d.]+)$",
+    re.M,
+)
+ASR_SPLIT_PROCESS = re.compile(r"^    pid (\d+) \(.*\): ([\d.]+) CPU-s/s, busiest thread \d+ (\S+) ([\d.]+)$", re.M)
+
+
+def asr_clocked_figures() -> dict:
+    """Issue 17, session 14: capacity through gRPC at 320/80 ms with the clocked policy and front ends (one trial
+    each), and where the engine process's time goes at 704 streams (asr_cpu_split.py)."""
+    folder = RAW / "asr_clocked"
+    runs = {}
+    for path in sorted(folder.glob("asr_graphs_service_*.txt")):
+        text = path.read_text()
+        runs[path.stem.removeprefix("asr_graphs_service_")] = {
+            "source": path.relative_to(RAW).as_posix(),
+            "service_flags": ASR_SERVICE_FLAGS.search(text).group(1),
+            "points": asr_capacity(path.relative_to(RAW).as_posix(), "service cache-aware"),
+        }
+    split = folder / "asr_cpu_split_clocked_fe4.txt"
+    text = split.read_text()
+    levels = [
+        {"streams": int(n), "clients": int(k), "rtf": float(rtf), "wall_s": float(wall),
+         "engine_processes_cpu_s_per_s": float(engine), "clients_cpu_s_per_s": float(clients), "steps": int(steps),
+         "streams_per_step": float(per_step), "ms_per_step": int(ms), "stepping_share_of_wall": float(share)}
+        for n, k, rtf, wall, engine, clients, steps, per_step, ms, share in ASR_SPLIT_LEVEL.findall(text)
+    ]  # fmt: skip
+    processes = [
+        {"pid": int(pid), "cpu_s_per_s": float(cpu), "busiest_thread": name, "busiest_thread_cpu_s_per_s": float(top)}
+        for pid, cpu, name, top in ASR_SPLIT_PROCESS.findall(text)
+    ]
+    return {"capacity": runs, "cpu_split": {"source": split.relative_to(RAW).as_posix(), "levels": levels,
+                                             "processes_at_first_level": processes}}  # fmt: skip
+
+
 ASR_STEP = re.compile(
     r"^bucket\s+(\d+) rows\s+(\d+): max \|graph - eager\| encoder (\S+), state (\S+), tokens equal (\w+)"
     r".*?(?:; step ([\d.]+) ms graph vs ([\d.]+) ms eager)?$",
@@ -282,6 +319,61 @@ def llm_frontends_figures() -> dict:
     return figures
 
 
+TTS_JOIN_STEPS = re.compile(  # the counters with the "hidden ms" column (prefill beside the step, session 12 on)
+    r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", re.M
+)
+TTS_JOIN_RUNS = {  # issue 16's join work (README 3f, 3g): folder or file -> variant
+    "tts_overlap/": "v1 (ea1c776)",
+    "tts_overlap2/": "v2 (c179d39)",
+    "tts_overlap3/": "v3 (4e95cc4)",
+    "tts_prefill_graphs/bench_v4_eager_prefill": "v4 (bd8456f), eager prefill",
+    "tts_prefill_graphs/bench_v4_prefill_graphs": "v4 + --prefill-graphs",
+}
+TTS_OVERLAP_CHECK = re.compile(
+    r"^voxcpm2: prefill(, then step| behind the step), (\d+) running \+ (\d+) joining: median ([\d.]+) ms", re.M
+)
+TTS_PREFILL_CHECK = re.compile(r"prefill of (\d+) segments, (eager|graph): host ([\d.]+) ms, to done ([\d.]+) ms")
+
+
+def tts_join_figures() -> dict:
+    """Issue 16: how requests join the batch (prefill beside the step, then prefill graphs), per variant and load."""
+    levels = []
+    for path in sorted([*RAW.glob("tts_overlap*/bench_*.txt"), *RAW.glob("tts_prefill_graphs/bench_*.txt")]):
+        source = path.relative_to(RAW).as_posix()
+        variant = next(v for key, v in TTS_JOIN_RUNS.items() if source.startswith(key))
+        text = path.read_text()
+        load = f"ramp {m.group(1)} s" if (m := re.search(r"clients ramped over ([\d.]+) s", text)) else "burst"
+        table = text[text.rfind("fa = first audio") :]
+        steps = {int(row[0]): row for row in TTS_JOIN_STEPS.findall(table[table.find("its own counters") :])}
+        for c, _, fa50, fa95, rtf50, rtf95, audio, sustained in TTS_BATCHED_ROW.findall(table):
+            _, _, per_step, step_ms, blocking, hidden = steps[int(c)]
+            levels.append({"concurrency": int(c), "load": load, "variant": variant,
+                           "first_audio_ms_p50": float(fa50), "first_audio_ms_p95": float(fa95),
+                           "rtf_p50": float(rtf50), "rtf_p95": float(rtf95), "audio_s_per_s": float(audio),
+                           "sustained_audio_s_per_s": float(sustained), "requests_per_step": float(per_step),
+                           "step_ms": float(step_ms), "blocking_prefill_ms_per_step": float(blocking),
+                           "hidden_prefill_ms_per_step": float(hidden), "source": source})  # fmt: skip
+    check = RAW / "tts_prefill_graphs" / "prefill_graph_check.txt"
+    passes = [{"segments": int(n), "path": how, "host_ms": float(host), "to_done_ms": float(done)}
+              for n, how, host, done in TTS_PREFILL_CHECK.findall(check.read_text())]  # fmt: skip
+    overlap = RAW / "tts_overlap2" / "overlap_check.txt"
+    timed = {how: (int(running), int(joining), float(ms)) for how, running, joining, ms in
+             TTS_OVERLAP_CHECK.findall(overlap.read_text())}  # fmt: skip
+    return {
+        "overlap_check": {
+            "source": overlap.relative_to(RAW).as_posix(),
+            "preset": "voxcpm2",
+            "running": timed[", then step"][0],
+            "joining": timed[", then step"][1],
+            "prefill_then_step_ms": timed[", then step"][2],
+            "prefill_beside_step_ms": timed[" behind the step"][2],
+        },  # fmt: skip
+        "note": "issue 16: v1-v3 prefill beside the launched step (README 3f); v4 and prefill graphs (README 3g)",
+        "prefill_graph_check": {"source": check.relative_to(RAW).as_posix(), "passes": passes},
+        "levels": levels,
+    }
+
+
 TTS_SERVED = re.compile(r"^a\) step as served \(CUDA graph[^)]*\): ([\d.]+) ms.*-> ([\d.]+) audio-s/s", re.M)
 TTS_PHASE_HEADER = re.compile(r"^b\) eager step, device time by phase x class.*\n\s+(.+)$", re.M)
 TTS_IDLE = re.compile(r"^step \d+: (\d+) kernels, span ([\d.]+) ms, idle between kernels ([\d.]+) ms", re.M)
@@ -439,10 +531,12 @@ def main() -> None:
         "asr": asr_figures(),
         "asr_step_graphs": asr_step_figures(),
         "asr_graph_fix": asr_graph_fix_figures(),
+        "asr_clocked": asr_clocked_figures(),
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "tts_profile": tts_profile_figures(),
         "tts_fused": tts_fused_figures(),
+        "tts_joins": tts_join_figures(),
         "llm": llm_figures(),
         "llm_frontends": llm_frontends_figures(),
         "main_job": main_job_figures(),

@@ -48,7 +48,7 @@ PLACEMENT = {
     "cache_positions": 2048,
     "vae_dtype": "float32",
     "solver_attention": "default",
-    "prefill_graphs": False,
+    "prefill_graphs": True,
 }
 
 
@@ -377,7 +377,12 @@ def main() -> None:
     parser.add_argument("--cache-positions", type=int, default=2048, help="batched: cache positions per slot")
     parser.add_argument("--vae-dtype", default="float32", help="batched: the audio VAE's dtype (float32, bfloat16)")
     parser.add_argument("--solver-attention", default="default", help="batched, compiled: the LocDiT's attention")
-    parser.add_argument("--prefill-graphs", action="store_true", help="batched, CUDA: prefill graphs per bucket")
+    parser.add_argument(
+        "--prefill-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="batched, CUDA: prefill graphs per bucket (--no-prefill-graphs: eager prefill passes)",
+    )
     args = parser.parse_args()
     if args.ramp_s and args.requests < 2:
         parser.error("--ramp-s needs --requests >= 2: percentiles count the requests started after the ramp")

@@ -60,10 +60,10 @@ class TtsConfig(ServingConfig):
         default=True, metadata={"help": "batched on CUDA: capture the step per batch-size bucket at start-up"}
     )
     prefill_graphs: bool = dataclasses.field(
-        default=False,
+        default=True,
         metadata={
-            "help": "batched, CUDA only: also capture the prefill per (rows, text tokens) bucket at start-up, so a "
-            "join costs the host one replay instead of ~1,600 launches (not yet measured on a GPU: opt-in)"
+            "help": "batched on CUDA: also capture the prefill per (rows, text tokens) bucket at start-up, so a join "
+            "costs the host one replay instead of ~1,600 launches (24 graphs, ~7 s on an H200)"
         },
     )
     vae_dtype: str = dataclasses.field(
@@ -156,7 +156,6 @@ class TtsConfig(ServingConfig):
         require(self.patches_per_char > 0, "patches_per_char", f"must be > 0, got {self.patches_per_char}")
         require(self.max_patches >= 4, "max_patches", f"must be >= 4, got {self.max_patches}")
         require(not self.compile or self.device.startswith("cuda"), "compile", "needs a CUDA device")
-        require(not self.prefill_graphs or self.device.startswith("cuda"), "prefill_graphs", "needs a CUDA device")
         require(self.phrase_min_chars >= 1, "phrase_min_chars", f"must be >= 1, got {self.phrase_min_chars}")
 
     @property

@@ -1,11 +1,10 @@
 """The CPU twin of the prefill's CUDA graphs (BatchedVoxCPM.capture_prefill_graphs, CUDA only; the device check is
 results/h200/tts_prefill_graph_check.py): a prefill picks the smallest bucket holding it, and a prefill padded the
 way a graph's static inputs are (rows into the scratch slot, tokens past each row's length) leaves every real slot as
-the unpadded prefill does, so their audio is the same; the option is refused off CUDA."""
+the unpadded prefill does, so their audio is the same; the option (on by default) is left out off CUDA."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from services.tts.backends.batched_model import BatchedVoxCPM, prefill_bucket
@@ -57,7 +56,12 @@ def test_a_padded_prefill_leaves_each_real_slot_as_the_unpadded_one_and_speaks_t
     assert audio["plain"].abs().max() > 0.01
 
 
-def test_prefill_graphs_are_refused_off_cuda():
-    with pytest.raises(SystemExit) as refused:
-        load_config(TtsConfig, "TTS", ["--prefill-graphs", "true"], {})
-    assert "--prefill-graphs / TTS_PREFILL_GRAPHS" in str(refused.value) and "CUDA" in str(refused.value)
+def test_prefill_graphs_are_on_by_default_and_left_out_off_cuda():
+    from services.tts.backends.batched_engine import EngineSpec, build_engine
+    from services.tts.backends.voxcpm import WorkerSpec
+
+    config = load_config(TtsConfig, "TTS", ["--preset", "tiny", "--backend", "batched"], {})
+    assert config.prefill_graphs and config.device == "cpu"  # the CUDA default is a valid CPU config
+    spec = EngineSpec(WorkerSpec.from_config(config), 2, 128, prefill_graphs=config.prefill_graphs)
+    engine, _, payload = build_engine(spec)
+    assert payload["shape"]["prefill_graphs"] == 0 and not engine.prefill_graphs  # prefills run eagerly on the CPU
