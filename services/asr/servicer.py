@@ -16,6 +16,7 @@ import numpy as np
 
 from services.asr.backend import RecognizerBackend, StreamSettings
 from services.asr.config import AsrConfig
+from voiceagent.serving.admission import Admission
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
 from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, QueueFull, abort
 from voiceagent.serving.info import info_response
@@ -44,12 +45,12 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
     service_names = ("voiceagent.v1.SpeechRecognizer",)
     methods = ("StreamingRecognize", "Recognize", "GetInfo")
 
-    def __init__(self, config: AsrConfig, backend: RecognizerBackend | None = None):
+    def __init__(self, config: AsrConfig, backend: RecognizerBackend | None = None, admission: Admission | None = None):
         self.config = config
         self.dtype = config.dtype  # the device ceilings' matmul peak is measured in it
         self.backend = backend
         self.ceilings: DeviceCeilings = UNMEASURED
-        self.active_streams = 0
+        self.admission = admission or Admission(config.max_streams)  # shared by a pod's front ends
         self.ready = False
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
@@ -128,9 +129,8 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
             settings = self._settings(first.config)
         except InvalidRequest as exc:
             await abort(context, exc)
-        if self.active_streams >= self.config.max_streams:
+        if not self.admission.try_enter():
             await abort(context, QueueFull(f"max_streams: all {self.config.max_streams} streams are busy; retry later"))
-        self.active_streams += 1
         try:
             updates = self.backend.recognize(settings, self._audio(requests, first.config.encoding))
             async for update in updates:
@@ -148,7 +148,7 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
         except (InvalidRequest, EngineUnavailable) as exc:
             await abort(context, exc)
         finally:
-            self.active_streams -= 1
+            self.admission.leave()
 
     async def Recognize(self, request, context):
         await self._require_ready(context)

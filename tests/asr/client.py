@@ -83,17 +83,19 @@ def encoder_frames_of(samples: int) -> int:
     return 0 if mel == 0 else 1 + math.ceil((mel - 1) / 8)
 
 
-def hold_stream(address: str, request_id: str, seconds: float = 60) -> tuple[grpc.Channel, grpc.Future]:
+def hold_stream(
+    address: str, request_id: str, seconds: float = 60, channel: grpc.Channel | None = None
+) -> tuple[grpc.Channel, grpc.Future]:
     """Open a stream that sends its config and 0.5 s of audio, then neither sends nor closes; wait for
     its first hypothesis (the stream then holds a cache slot). Returns the channel (keep it: a collected
-    channel cancels its calls) and the call."""
+    channel cancels its calls; `channel` to open it on a given one) and the call."""
     messages = list(requests(config(320, request_id=request_id), clip(0.5)))
 
     def hold():
         yield from messages
         time.sleep(seconds)
 
-    channel = grpc.insecure_channel(address)
+    channel = channel or grpc.insecure_channel(address)
     call = asr_pb2_grpc.SpeechRecognizerStub(channel).StreamingRecognize(hold())
     next(call)
     return channel, call

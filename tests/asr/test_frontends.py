@@ -49,6 +49,29 @@ def test_streams_through_two_front_ends_step_together_in_one_engine(pod):
     assert metric(pod, "voiceagent_asr_step_duration_seconds_count") > steps_before  # the engine's, merged
 
 
+def test_the_pod_admits_max_streams_whichever_front_end_they_came_through(pod):
+    """One channel is one connection, so all its streams land on one front end: that front end still admits the
+    pod's whole --max-streams (one counter shared by the front ends), and the pod refuses the next stream."""
+    limit = 2 * STREAMS
+    channel = grpc.insecure_channel(pod.address)
+    held = [hold_stream(pod.address, f"one-connection-{i}", seconds=30, channel=channel) for i in range(limit)]
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            hold_stream(pod.address, "one-too-many")  # a new connection: either front end
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"max_streams: all {limit} streams are busy" in refused.value.details()
+    finally:
+        for _channel, call in held:
+            call.cancel()
+        channel.close()
+    deadline = time.monotonic() + 10
+    while metric(pod, "voiceagent_asr_active_streams") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    again, call = hold_stream(pod.address, "after-the-others-left", seconds=5)  # the places were given back
+    call.cancel()
+    again.close()
+
+
 def test_a_dead_engine_fails_the_streams_of_every_front_end_and_stops_the_pod():
     args = ["--preset", "tiny", "--frontends", "2", "--max-streams", "16", "--probe-ceilings", "false"]
     with running_service("services.asr", venv_python("asr"), [*args, "--threads", "1", "--grace-s", "2"]) as pod:

@@ -5,21 +5,23 @@ The supervisor starts the engine process once with one socket pair per front end
 to it over its own socket exactly as a lone gRPC process does over its child's (backends/engine_process.py), and
 the engine process serves every socket's streams from the same batching loops, so streams that arrived through
 different front ends still step together. Metric calls of the engine go to front end 0 (the supervisor merges
-the front ends' registries). Each front end admits its share of `--max-streams`, so together they never admit
-more streams than the engine has cache slots.
+the front ends' registries). The front ends admit streams against one counter of `--max-streams` shared by the pod
+(voiceagent/serving/admission.py), so together they never admit more streams than the engine has cache slots, and
+none refuses while the pod has room.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import multiprocessing
 import socket
+from typing import Any
 
 from services.asr.backends.engine_process import EngineProcess, _engine_main
 from services.asr.config import AsrConfig
 from services.asr.servicer import AsrService
+from voiceagent.serving.admission import Admission, shared_counter
 from voiceagent.serving.frontends import supervise
 from voiceagent.serving.lifeline import start_process
 
@@ -33,7 +35,7 @@ class AsrEngineLauncher:
         self.config = config
         self.process: multiprocessing.Process | None = None
 
-    def start(self, frontends: int) -> list[socket.socket]:
+    def start(self, frontends: int) -> list[tuple[socket.socket, Any]]:
         pairs = [socket.socketpair() for _ in range(frontends)]
         self.process = start_process(
             _engine_main, (self.config, [theirs for _ours, theirs in pairs]), name="asr-engine"
@@ -41,7 +43,8 @@ class AsrEngineLauncher:
         for _ours, theirs in pairs:
             theirs.close()
         log.info("ASR engine process %d started for %d front ends", self.process.pid, frontends)
-        return [ours for ours, _theirs in pairs]
+        admitted = shared_counter()  # streams in the pod, whichever front end took them
+        return [(ours, admitted) for ours, _theirs in pairs]
 
     def failure(self) -> str:
         if self.process is None or self.process.exitcode is None:
@@ -56,15 +59,10 @@ class AsrEngineLauncher:
                 self.process.join()
 
 
-def share(total: int, index: int, count: int) -> int:
-    """Front end `index`'s share of `total` stream slots."""
-    return total // count + (index < total % count)
-
-
-def frontend_service(config: AsrConfig, sock: socket.socket, index: int, count: int) -> AsrService:
+def frontend_service(config: AsrConfig, handle: tuple[socket.socket, Any], index: int, count: int) -> AsrService:
     """A front end's service (voiceagent.serving.frontends calls it in the spawned process)."""
-    admitted = dataclasses.replace(config, max_streams=share(config.max_streams, index, count))
-    return AsrService(admitted, EngineProcess(config, attached=sock))
+    sock, admitted = handle
+    return AsrService(config, EngineProcess(config, attached=sock), Admission(config.max_streams, admitted))
 
 
 def serve_frontends(config: AsrConfig) -> None:

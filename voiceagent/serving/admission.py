@@ -1,0 +1,56 @@
+"""Admission: at most `limit` calls at once, counted in this process or, for a pod of several front-end processes
+(frontends.py), in one shared counter.
+
+Why shared: the kernel spreads connections over the front ends (SO_REUSEPORT), not calls, and one client channel
+stays with one front end. A fixed share of the limit per front end would refuse a caller whose channels happened to
+land on one front end while the others had room. With one counter in shared memory every front end admits while the
+pod has room and refuses once it has none, whichever front end a call came through.
+
+A front end that dies holding admissions does not give them back, but then the pod stops (frontends.py), so no
+counter outlives it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+
+def shared_counter() -> Any:
+    """A counter for the front ends of one pod: made before they start, passed to each with its start arguments."""
+    return multiprocessing.get_context("spawn").Value("i", 0)
+
+
+class Admission:
+    """Admits while fewer than `limit` are in; `shared` (from `shared_counter`) counts across processes."""
+
+    def __init__(self, limit: int, shared: Any = None):
+        self.limit = limit
+        self.shared = shared
+        self.local = 0
+
+    def try_enter(self) -> bool:
+        """Take one place if there is one (never blocks on the others for more than a counter update)."""
+        if self.shared is None:
+            if self.local >= self.limit:
+                return False
+            self.local += 1
+            return True
+        with self.shared.get_lock():
+            if self.shared.value >= self.limit:
+                return False
+            self.shared.value += 1
+        self.local += 1
+        return True
+
+    def leave(self) -> None:
+        """Give back a place taken by `try_enter`."""
+        self.local -= 1
+        if self.shared is not None:
+            with self.shared.get_lock():
+                self.shared.value -= 1
+
+    @property
+    def held(self) -> int:
+        """Places held: this process's, or the pod's when shared."""
+        return self.local if self.shared is None else self.shared.value
