@@ -23,8 +23,12 @@ def test_chunked_decoding_from_scattered_slots_equals_one_offline_decode():
         )
         expected = [hypothesis.y_sequence.tolist() for hypothesis in offline]
         slots = [6, 1, 3]  # not consecutive: gathered and scattered by index, not as a view
-        for slot in slots:
-            decoder.reset(slot)
+        for pool in decoder.states:  # slots left dirty by earlier streams: the reset must undo it all
+            pool.normal_(generator=generator)
+        decoder.outputs.normal_(generator=generator)
+        decoder.labels.fill_(5)
+        decoder.lengths.fill_(7)
+        decoder.reset(slots)  # all three at once
         decoded: list[list[int]] = [[], [], []]
         # The middle stream sits out one step (its slot must keep its state meanwhile) and catches up alone.
         for rows, start in (([0, 1, 2], 0), ([0, 2], 4), ([1], 4), ([0, 1, 2], 8)):

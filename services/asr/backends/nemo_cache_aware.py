@@ -111,11 +111,12 @@ class CacheAwareBackend(BatchingBackend):
     def _pool(self, left: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.pools[left]
 
-    def reset_slot(self, slot: int, context: list[int]) -> None:
+    def reset_slots(self, slots: list[int], context: list[int]) -> None:
         channel, time, length = self._pool(context[0])
-        channel[:, slot].zero_()
-        time[:, slot].zero_()
-        length[slot] = 0
+        at = rows(sorted(slots), self.device)
+        channel[:, at] = 0
+        time[:, at] = 0
+        length[at] = 0
 
     def chunk_mel(self, stream: Stream) -> int:
         chunk_size = self.streaming[stream.settings.chunk_ms].chunk_size

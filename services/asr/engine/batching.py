@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -105,6 +106,11 @@ class BatchingBackend:
         for slot in range(max_streams, self.slot_count):
             self.offline_slots.put_nowait(slot)
         self.slot_freed = asyncio.Event()
+        # New streams' slots, reset together at the start of the next step (in its thread): resetting each as its
+        # stream joined cost the event loop a few hundred microseconds of kernel launches per stream on an H200
+        # (results/h200/README.md, v5), and a join wave of a thousand streams held the loop for a third of a second.
+        self.resets_due: list[tuple[int, list[int]]] = []
+        self.resets_lock = threading.Lock()
         self.device_lock = asyncio.Lock()
         self.loops: list[asyncio.Task] = []
         self.work = service_metrics("asr")
@@ -121,8 +127,8 @@ class BatchingBackend:
     def encode_group(self, streams: list[Stream], chunks: list[torch.Tensor]) -> GroupResult:
         raise NotImplementedError
 
-    def reset_slot(self, slot: int, context: list[int]) -> None:
-        """Prepare `slot` for a new stream."""
+    def reset_slots(self, slots: list[int], context: list[int]) -> None:
+        """Prepare `slots` for new streams of attention context `context` (all at once: a few kernels)."""
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -178,8 +184,8 @@ class BatchingBackend:
     def _new_stream(self, settings: StreamSettings, slot: int | None = None) -> Stream:
         slot = heapq.heappop(self.free_slots) if slot is None else slot
         context = self.contexts[settings.chunk_ms]
-        self.reset_slot(slot, context)
-        self.decoder.reset(slot)
+        with self.resets_lock:
+            self.resets_due.append((slot, context))  # reset before any step reads it (_reset_due_slots)
         return Stream(settings, context, features.FeatureStream(self.shape.mel_bins), slot, self.device)
 
     def _release(self, stream: Stream) -> None:
@@ -365,6 +371,7 @@ class BatchingBackend:
     @torch.inference_mode()  # grad mode is per thread: the worker threads need it set themselves
     def _step(self, streams: list[Stream]) -> list[RecognitionUpdate]:
         started = time.perf_counter()
+        self._reset_due_slots()
         # The new mel frames of every stream in one batched preprocessor call on the serving device: one
         # call per stream would cost a CPU STFT (and a host-to-device copy) per stream per step.
         segments = [stream.feature_segment() for stream in streams]
@@ -415,6 +422,19 @@ class BatchingBackend:
             )
             stream.steps += 1
         return updates
+
+    def _reset_due_slots(self) -> None:
+        """Reset every slot taken since the last step (steps are serialised, so no step reads one before)."""
+        with self.resets_lock:
+            due, self.resets_due = self.resets_due, []
+        if not due:
+            return
+        by_context: dict[int, tuple[list[int], list[int]]] = {}
+        for slot, context in due:
+            by_context.setdefault(context[0], ([], context))[0].append(slot)
+        for slots, context in by_context.values():
+            self.reset_slots(slots, context)
+        self.decoder.reset([slot for slot, _context in due])
 
     # --- offline -----------------------------------------------------------------------------------------
     async def transcribe(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
