@@ -24,6 +24,7 @@ from services.llm.backend import (
     TokenDelta,
 )
 from services.llm.config import LlmConfig
+from voiceagent.serving.admission import Admission
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
 from voiceagent.serving.info import info_response
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
@@ -201,7 +202,7 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
     service_names = ("voiceagent.v1.TextGenerator",)
     methods = ("Generate", "GetInfo")
 
-    def __init__(self, config: LlmConfig, generator: TextGenerator | None = None):
+    def __init__(self, config: LlmConfig, generator: TextGenerator | None = None, admission: Admission | None = None):
         self.config = config
         self.dtype = config.resolved_dtype
         if generator is None:
@@ -211,7 +212,7 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         self.generator = generator
         self.ceilings: DeviceCeilings = UNMEASURED
         self.ready = False
-        self.in_flight = 0
+        self.admission = admission or Admission(config.max_in_flight)  # shared by a pod's front ends
         self.prompt_limits = PromptLimits(0, 0, 0)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
@@ -308,12 +309,11 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
             )
         except InvalidRequest as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-        if self.in_flight >= self.config.max_in_flight:
+        if not self.admission.try_enter():
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"max_in_flight: {self.in_flight} requests in flight, the limit is {self.config.max_in_flight}",
+                f"max_in_flight: {self.admission.held} requests in flight, the limit is {self.config.max_in_flight}",
             )
-        self.in_flight += 1
         try:
             # aclosing: a cancelled call closes the backend's stream at once, which aborts the engine request.
             async with contextlib.aclosing(self.generator.generate(generation)) as deltas:
@@ -324,7 +324,7 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
         except EngineFailure as error:  # EngineUnavailable (the engine died) among them
             await context.abort(grpc.StatusCode[error.status], str(error))
         finally:
-            self.in_flight -= 1
+            self.admission.leave()
 
     async def GetInfo(self, request: common_pb2.InfoRequest, context: grpc.aio.ServicerContext):
         if not self.ready:

@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from tests.harness import child_processes, sample_sum, scrape_samples, start_service, venv_python
-from tests.llm.conftest import TEST_ARGS, TEST_ENV, generate
+from tests.llm.conftest import TEST_ARGS, TEST_ENV, generate, wait_idle
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 FRONTENDS = 2
@@ -199,6 +199,30 @@ def test_deltas_a_stream_could_not_write_go_out_as_one_message(single):
     sizes = [len(response.token_ids) for response in stalled]
     assert max(sizes) > 1, f"no deltas were coalesced: {sizes}"
     assert len(stalled) < len(reference)
+
+
+def test_max_in_flight_holds_for_the_pod_whichever_front_end_took_the_requests(spread):
+    """One channel is one connection, so one front end: it holds the pod's whole --max-in-flight, and new
+    connections, which the kernel may hand to the other front end, are refused (one counter for the pod)."""
+    channel, stub = fresh_stub(spread)
+    sampling = llm_pb2.SamplingParams(max_tokens=480, **GREEDY)  # held for ~480 engine steps of 32 requests
+    held = [stub.Generate(llm_pb2.GenerateRequest(text=f"hold {i}", sampling=sampling), timeout=300) for i in range(32)]
+    try:
+        for call in held:
+            next(call)  # admitted: its first tokens came
+        refusals = []
+        for index in range(4):
+            other, other_stub = fresh_stub(spread)
+            with other, pytest.raises(grpc.RpcError) as refused:
+                generate(other_stub, text=f"one too many {index}", sampling={"max_tokens": 2})
+            refusals.append(refused.value)
+    finally:
+        for call in held:
+            call.cancel()
+        channel.close()
+    assert all(error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for error in refusals)
+    assert all("max_in_flight" in error.details() and "the limit is 32" in error.details() for error in refusals)
+    wait_idle(spread.metrics_url)
 
 
 def test_a_dead_front_end_leaves_the_others_serving_then_the_pod_restarts(spread):

@@ -23,6 +23,7 @@ from typing import Any
 from services.llm.backends.vllm import VllmGenerator, engine_args, stage_model_dir, yield_to_front_end
 from services.llm.config import LlmConfig
 from services.llm.servicer import LlmService
+from voiceagent.serving.admission import Admission, shared_counter
 from voiceagent.serving.frontends import supervise
 from voiceagent.serving.lifeline import children_die_with_us
 
@@ -36,6 +37,7 @@ class EngineAttachment:
     client: dict[str, Any]  # vLLM's client_addresses: addresses (and on 0.32 the bound listener sockets)
     index: int
     count: int
+    admitted: Any = None  # the pod's requests in flight, one counter for every front end (serving/admission.py)
 
 
 def _engine_config(config: LlmConfig, count: int, rank: int):
@@ -102,8 +104,9 @@ class VllmEngineCore:
         if self.config.device == "cpu" and self.config.cpu_engine_core_nice:
             yield_to_front_end(self.config.cpu_engine_core_nice)
         log.info("engine core up (pids %s) for %d front ends", [p.pid for p in self.processes()], frontends)
+        admitted = shared_counter()  # max_in_flight holds for the pod, whichever front end took a request
         return [
-            EngineAttachment({**client, "client_count": frontends, "client_index": index}, index, frontends)
+            EngineAttachment({**client, "client_count": frontends, "client_index": index}, index, frontends, admitted)
             for index, client in enumerate(clients)
         ]
 
@@ -142,7 +145,7 @@ def attach(config: LlmConfig, attachment: EngineAttachment, step_logger):
 
 def frontend_service(config: LlmConfig, attachment: EngineAttachment, index: int, count: int) -> LlmService:
     """A front end's service (voiceagent.serving.frontends calls it in the spawned process)."""
-    return LlmService(config, VllmGenerator(config, attachment))
+    return LlmService(config, VllmGenerator(config, attachment), Admission(config.max_in_flight, attachment.admitted))
 
 
 def serve_frontends(config: LlmConfig) -> None:
