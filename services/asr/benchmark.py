@@ -133,12 +133,28 @@ async def _one_stream(stub, chunk_ms: int, audio: np.ndarray, piece: int) -> flo
     return (time.perf_counter() - started) / (len(audio) / 16000)
 
 
+# Connections per client process: a pod of several gRPC front ends (--frontends) shares its port by SO_REUSEPORT,
+# which spreads connections, not streams, so a client with one channel loads one front end. On the H200, 4 client
+# processes of one channel each left four front ends at 0.40, 0.20, 0.20 and 0.04 CPU-s/s (results/h200/README.md, v5).
+CHANNELS_PER_CLIENT = 4
+
+
 async def service_rtf(address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int = 0) -> float:
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = asr_pb2_grpc.SpeechRecognizerStub(channel)
+    # a local subchannel pool each: otherwise gRPC shares one connection between channels to the same target
+    channels = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(min(CHANNELS_PER_CLIENT, max(1, streams)))
+    ]
+    try:
+        stubs = [asr_pb2_grpc.SpeechRecognizerStub(channel) for channel in channels]
         audio = clips(streams, seconds)
         piece = piece_samples(chunk_ms, piece_ms)
-        rtfs = await asyncio.gather(*(_one_stream(stub, chunk_ms, clip, piece) for clip in audio))
+        rtfs = await asyncio.gather(
+            *(_one_stream(stubs[index % len(stubs)], chunk_ms, clip, piece) for index, clip in enumerate(audio))
+        )
+    finally:
+        for channel in channels:
+            await channel.close()
     return max(rtfs)
 
 
