@@ -42,14 +42,18 @@ CUDA_TTS_MAX_BATCH = 256
 # The batched TTS step as measured fastest on the H200 (results/h200/README.md §3e: 104 -> 55 ms at 128 rows): the
 # LocDiT solve and the VAE compiled inside the captured step, flash attention in the solve, the VAE in bf16.
 CUDA_TTS_STEP = ["--compile", "true", "--solver-attention", "flash", "--vae-dtype", "bfloat16"]
+# gRPC front-end processes per engine for the LLM and ASR (`--frontends`): one asyncio process was their limit on the
+# H200 (results/h200/README.md: qwen3-0.6b 77 % -> 102 % of engine-direct at 64, §4b; ASR 704 -> 960 streams, §2 v5).
+CUDA_FRONTENDS = 4
 
 SERVICE_ARGS = {
     "cpu": {"asr": [], "llm": [], "tts": []},
     "cuda": {
         "asr": ["--device", "cuda", "--dtype", "bfloat16", "--max-streams", str(CUDA_ASR_MAX_STREAMS),
-                "--max-batch-streams", str(CUDA_ASR_MAX_STREAMS), "--graph-chunks", str(CUDA_ASR_CHUNK_MS)],
+                "--max-batch-streams", str(CUDA_ASR_MAX_STREAMS), "--graph-chunks", str(CUDA_ASR_CHUNK_MS),
+                "--frontends", str(CUDA_FRONTENDS)],
         "llm": ["--device", "cuda", "--dtype", "bfloat16", "--max-in-flight", str(CUDA_LLM_MAX_IN_FLIGHT),
-                "--gpu-memory-utilization", str(CUDA_LLM_MEMORY_SHARE)],
+                "--gpu-memory-utilization", str(CUDA_LLM_MEMORY_SHARE), "--frontends", str(CUDA_FRONTENDS)],
         "tts": ["--device", "cuda", "--backend", "batched", "--max-batch", str(CUDA_TTS_MAX_BATCH),
                 "--cache-positions", "512", "--max-queue", str(CUDA_TTS_MAX_BATCH), *CUDA_TTS_STEP],
     },

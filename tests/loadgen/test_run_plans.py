@@ -9,6 +9,7 @@ import subprocess
 
 from loadgen.cli import parser
 from loadgen.run_plans import PRESETS, plans, service_args, services_for, workload
+from services.asr.config import AsrConfig
 from services.tts.config import TtsConfig
 from tests.harness import REPO
 from voiceagent.serving.config import load_config
@@ -35,6 +36,8 @@ def test_cuda_services_get_their_gpu_flags_and_share_the_memory():
     assert int(llm[llm.index("--max-in-flight") + 1]) >= 512
     asr = service_args("cuda", "asr", "nemotron-0.6b")
     assert "bfloat16" in asr and asr[asr.index("--graph-chunks") + 1] == "320"
+    # several gRPC front ends per engine (measured on the H200), valid for the services' own config checks
+    assert load_config(AsrConfig, "ASR", asr, {}).frontends == 4 and llm[llm.index("--frontends") + 1] == "4"
     tts = service_args("cuda", "tts", "voxcpm2")
     assert tts[tts.index("--backend") + 1] == "batched" and int(tts[tts.index("--max-batch") + 1]) == 256
     # the step as measured fastest on the H200 (results/h200/README.md §3e), and flags the TTS service accepts
