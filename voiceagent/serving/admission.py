@@ -7,13 +7,19 @@ land on one front end while the others had room. With one counter in shared memo
 pod has room and refuses once it has none, whichever front end a call came through.
 
 A front end that dies holding admissions does not give them back, but then the pod stops (frontends.py), so no
-counter outlives it.
+counter outlives it. One killed inside the counter's few-microsecond update would leave its lock held: the others
+then wait at most LOCK_TIMEOUT_S for it and refuse (logged), rather than hang their event loops while the pod drains.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT_S = 1.0
 
 
 def shared_counter() -> Any:
@@ -36,10 +42,16 @@ class Admission:
                 return False
             self.local += 1
             return True
-        with self.shared.get_lock():
+        lock = self.shared.get_lock()
+        if not lock.acquire(timeout=LOCK_TIMEOUT_S):
+            log.error("the pod's admission counter stayed locked %.1f s (a front end died holding it?)", LOCK_TIMEOUT_S)
+            return False
+        try:
             if self.shared.value >= self.limit:
                 return False
             self.shared.value += 1
+        finally:
+            lock.release()
         self.local += 1
         return True
 
@@ -47,8 +59,14 @@ class Admission:
         """Give back a place taken by `try_enter`."""
         self.local -= 1
         if self.shared is not None:
-            with self.shared.get_lock():
+            lock = self.shared.get_lock()
+            if not lock.acquire(timeout=LOCK_TIMEOUT_S):
+                log.error("the pod's admission counter stayed locked: a place is not given back")
+                return
+            try:
                 self.shared.value -= 1
+            finally:
+                lock.release()
 
     @property
     def held(self) -> int:
