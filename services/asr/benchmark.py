@@ -10,6 +10,14 @@ fits in real time). Three ways of serving them:
 - service cache-aware: N gRPC streams against `python -m services.asr` (its batching loop);
 - service buffered: the same against `--backend buffered` (a 4 s window re-encoded per chunk).
 
+`--paced` measures the service paths the way issue 17 states its target instead: N real-time streams, each sending
+its audio as it would arrive (a piece once its last sample is due), started spread over one chunk period (users do
+not start in phase), and a probe passes while the p95 of per-chunk latency, over every partial of every stream, is
+below one chunk. A partial's latency is its arrival at the client minus the moment the client sent the last sample
+it needed (its frames plus the STFT's 16 ms look-ahead): the engine, both gRPC hops and the front end included.
+Engine-direct stays a throughput capacity (NeMo's loop steps all N streams once per chunk, so its per-chunk latency
+is its step time: RTF < 1 is the same test).
+
 Capacity is searched by doubling N, then bisecting between the last pass and the first failure; a probe's
 RTF is the median of `--runs` runs at that N (one run's RTF swings by a third on this VM). All servers
 are up before the first probe, and the paths' searches for one chunk size are interleaved probe by probe
@@ -40,6 +48,9 @@ from voiceagent.serving.launcher import start_service, venv_python
 from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
 
 CHUNK_MS = (80, 160, 320, 560, 1120)
+# A mel frame centred on sample 160·t needs samples up to 160·t + 256 (engine/features.py STFT_HALF_WINDOW; not
+# imported: that module imports torch, and client processes need only grpc and numpy).
+LOOKAHEAD_SAMPLES = 256
 
 
 def clip_seconds(chunk_ms: int, minimum_s: float = 1.6) -> float:
@@ -133,18 +144,78 @@ async def _one_stream(stub, chunk_ms: int, audio: np.ndarray, piece: int) -> flo
     return (time.perf_counter() - started) / (len(audio) / 16000)
 
 
+async def _paced_stream(stub, chunk_ms: int, audio: np.ndarray, piece: int, delay_s: float) -> list[float]:
+    """One real-time stream (see the module docstring, `--paced`): the latency in seconds of each of its partials."""
+    await asyncio.sleep(delay_s)
+    started = time.perf_counter()
+    sent: list[tuple[int, float]] = []  # (samples sent so far, when)
+
+    async def messages():
+        config = asr_pb2.RecognitionConfig(
+            sample_rate_hz=16000, encoding=common_pb2.AUDIO_ENCODING_FLOAT32, chunk_ms=chunk_ms, interim_results=True
+        )
+        yield asr_pb2.StreamingRecognizeRequest(config=config)
+        for begin in range(0, len(audio), piece):
+            end = min(begin + piece, len(audio))
+            await asyncio.sleep(max(0.0, started + end / 16000 - time.perf_counter()))  # its last sample is due
+            sent.append((end, time.perf_counter()))
+            yield asr_pb2.StreamingRecognizeRequest(audio=audio[begin:end].tobytes())
+
+    latencies = []
+    async for response in stub.StreamingRecognize(messages()):
+        arrived = time.perf_counter()
+        needed = len(audio) if response.is_final else round(response.audio_processed_s * 16000) + LOOKAHEAD_SAMPLES
+        when = next((at for total, at in sent if total >= min(needed, len(audio))), None)
+        if when is not None:
+            latencies.append(arrived - when)
+        if response.is_final:
+            break
+    return latencies
+
+
+def p95_over_chunk(latencies: list[float], chunk_ms: int) -> float:
+    """`--paced`'s probe value: p95 of per-chunk latency / the chunk (< 1 passes, as RTF < 1 does)."""
+    if not latencies:
+        return float("inf")
+    return float(np.percentile(latencies, 95)) / (chunk_ms / 1000)
+
+
 # Connections per client process: a pod of several gRPC front ends (--frontends) shares its port by SO_REUSEPORT,
 # which spreads connections, not streams, so a client with one channel loads one front end. On the H200, 4 client
 # processes of one channel each left four front ends at 0.40, 0.20, 0.20 and 0.04 CPU-s/s (results/h200/README.md, v5).
 CHANNELS_PER_CLIENT = 4
 
 
-async def service_rtf(address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int = 0) -> float:
+def _channels(address: str, streams: int) -> list[grpc.aio.Channel]:
     # a local subchannel pool each: otherwise gRPC shares one connection between channels to the same target
-    channels = [
+    return [
         grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
         for _ in range(min(CHANNELS_PER_CLIENT, max(1, streams)))
     ]
+
+
+async def service_latencies(
+    address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int = 0
+) -> list[float]:
+    """`--paced`: per-chunk latencies of `streams` real-time streams started evenly over one chunk period."""
+    channels = _channels(address, streams)
+    try:
+        stubs = [asr_pb2_grpc.SpeechRecognizerStub(channel) for channel in channels]
+        piece = piece_samples(chunk_ms, piece_ms)
+        per_stream = await asyncio.gather(
+            *(
+                _paced_stream(stubs[index % len(stubs)], chunk_ms, clip, piece, index / streams * chunk_ms / 1000)
+                for index, clip in enumerate(clips(streams, seconds))
+            )
+        )
+    finally:
+        for channel in channels:
+            await channel.close()
+    return [latency for latencies in per_stream for latency in latencies]
+
+
+async def service_rtf(address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int = 0) -> float:
+    channels = _channels(address, streams)
     try:
         stubs = [asr_pb2_grpc.SpeechRecognizerStub(channel) for channel in channels]
         audio = clips(streams, seconds)
@@ -161,11 +232,13 @@ async def service_rtf(address: str, chunk_ms: int, streams: int, seconds: float,
 _CLIENT_LOOP: asyncio.AbstractEventLoop | None = None
 
 
-def _client_share(address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int) -> float:
-    """One client process's share of the streams (grpc.aio keeps its callbacks on one loop per process)."""
+def _client_share(address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int, paced: bool = False):
+    """One client process's share of the streams (grpc.aio keeps its callbacks on one loop per process): their
+    slowest RTF, or with `paced` their per-chunk latencies."""
     global _CLIENT_LOOP
     _CLIENT_LOOP = _CLIENT_LOOP or asyncio.new_event_loop()
-    return _CLIENT_LOOP.run_until_complete(service_rtf(address, chunk_ms, streams, seconds, piece_ms))
+    measure = service_latencies if paced else service_rtf
+    return _CLIENT_LOOP.run_until_complete(measure(address, chunk_ms, streams, seconds, piece_ms))
 
 
 class ClientProcesses:
@@ -185,6 +258,16 @@ class ClientProcesses:
         ]
         return max(future.result() for future in futures)
 
+    def paced(self, address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int) -> float:
+        """`--paced`: p95 of every client's per-chunk latencies / the chunk."""
+        shares = [streams // self.count + (index < streams % self.count) for index in range(self.count)]
+        futures = [
+            self.pool.submit(_client_share, address, chunk_ms, share, seconds, piece_ms, True)
+            for share in shares
+            if share
+        ]
+        return p95_over_chunk([latency for future in futures for latency in future.result()], chunk_ms)
+
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
 
@@ -198,7 +281,7 @@ def median_trial(trials: list[tuple[int, float]]) -> tuple[int, float]:
     return sorted(trials)[(len(trials) - 1) // 2]
 
 
-def median_of(measure, runs: int):
+def median_of(measure, runs: int, label: str = "RTF"):
     """A probe's RTF is the median of `runs` runs at that N. One run is not enough: on this VM the same path at
     the same N measures RTF 1.06 and 1.39 a few seconds apart, so single-run (or best-of) probes made each
     capacity a draw: two such runs on one morning put the service at 72 % and at 100 % of engine-direct.
@@ -209,7 +292,7 @@ def median_of(measure, runs: int):
         majority = runs // 2 + 1
         while len(rtfs) < runs:
             rtfs.append(measure(streams))
-            print(f"    probe: {streams} streams, RTF {rtfs[-1]:.2f}", flush=True)
+            print(f"    probe: {streams} streams, {label} {rtfs[-1]:.2f}", flush=True)
             if max(sum(r < 1 for r in rtfs), sum(r >= 1 for r in rtfs)) >= majority:
                 break
         return statistics.median(rtfs)
@@ -251,12 +334,13 @@ def capacity_search(limit: int, precision: float = 0.0, start: int = 1):
 
 
 def capacities(
-    measures: list, limit: int, runs: int = 3, precision: float = 0.0, start: int = 1
+    measures: list, limit: int, runs: int = 3, precision: float = 0.0, start: int = 1, labels: Sequence[str] = ()
 ) -> list[tuple[int, float]]:
     """The capacity of each of several paths, their searches interleaved probe by probe (the order of the
     paths alternating from one round of probes to the next), so that every path is measured in the same
     minutes: a shared machine's speed drifts by tens of percent over a few minutes."""
-    measures = [median_of(measure, runs) for measure in measures]
+    labels = list(labels) or ["RTF"] * len(measures)
+    measures = [median_of(measure, runs, label) for measure, label in zip(measures, labels, strict=True)]
     searches = [capacity_search(limit, precision, start) for _ in measures]
     probes: list[int | None] = [search.send(None) for search in searches]
     results: list[tuple[int, float] | None] = [None] * len(measures)
@@ -318,6 +402,11 @@ def main() -> None:
     )
     parser.add_argument("--start-streams", type=int, default=1, help="the capacity search doubles from this N")
     parser.add_argument(
+        "--paced",
+        action="store_true",
+        help="service paths: real-time streams, pass while per-chunk latency p95 < the chunk (module docstring)",
+    )
+    parser.add_argument(
         "--service-args", default="", help="extra flags for the services, e.g. '--cuda-graphs false' (one string)"
     )
     parser.add_argument("--runs", type=int, default=3, help="runs per probe (its RTF is their median)")
@@ -332,6 +421,7 @@ def main() -> None:
     only = args.only.split(",")
     chunks = [int(c) for c in args.chunks.split(",")]
     started = time.perf_counter()
+    service_value = "p95/chunk" if args.paced else "RTF"  # what the service columns' values are
 
     # Every server is up before the first probe, and each chunk size is measured on every path back to back
     # (engine-direct, then the services): the machine's speed drifts over minutes (other tenants, clocks),
@@ -353,24 +443,35 @@ def main() -> None:
         direct, cache_aware, buffered = ({c: [] for c in chunks} for _ in range(3))  # (N, RTF) per trial
         for chunk_ms in chunks:
             seconds = clip_seconds(chunk_ms, args.clip_s)
-            paths = []  # (label, measure(N) -> RTF, where the capacity goes)
+            paths = []  # (label, measure(N) -> RTF or p95 latency / chunk, where the capacity goes, its value's name)
             if engine:
                 engine.rtf(chunk_ms, 1, seconds)  # warm-up
-                paths.append(("engine-direct      ", lambda n, c=chunk_ms, s=seconds: engine.rtf(c, n, s), direct))
+                paths.append(
+                    ("engine-direct      ", lambda n, c=chunk_ms, s=seconds: engine.rtf(c, n, s), direct, "RTF")
+                )
             for backend, results in (("cache-aware", cache_aware), ("buffered", buffered)):
                 if backend in services:
                     address = services[backend].address
-                    if clients:
+                    if clients and args.paced:
+                        measure = lambda n, c=chunk_ms, a=address, s=seconds: clients.paced(a, c, n, s, args.piece_ms)  # noqa: E731
+                    elif clients:
                         measure = lambda n, c=chunk_ms, a=address, s=seconds: clients.rtf(a, c, n, s, args.piece_ms)  # noqa: E731
+                    elif args.paced:
+                        measure = lambda n, c=chunk_ms, a=address, s=seconds: p95_over_chunk(  # noqa: E731
+                            loop.run_until_complete(service_latencies(a, c, n, s, args.piece_ms)), c
+                        )
                     else:
                         measure = lambda n, c=chunk_ms, a=address, s=seconds: loop.run_until_complete(  # noqa: E731
                             service_rtf(a, c, n, s, args.piece_ms)
                         )
-                    paths.append((f"service {backend:11s}", measure, results))
+                    paths.append((f"service {backend:11s}", measure, results, service_value))
             # Each trial interleaves the paths' searches probe by probe; the table reports each path's median trial.
             for trial in range(args.trials):
-                found = capacities([measure for _, measure, _ in paths], args.max_streams, **search)
-                for (label, _, results), (streams, rtf) in zip(paths, found, strict=True):
+                found = capacities(
+                    [measure for _, measure, _, _ in paths], args.max_streams, **search,
+                    labels=[value for *_, value in paths],
+                )  # fmt: skip
+                for (label, _, results, _), (streams, rtf) in zip(paths, found, strict=True):
                     results[chunk_ms].append((streams, rtf))
                     print(f"  {label} {chunk_ms:5d} ms: {streams} streams (trial {trial + 1})", flush=True)
     finally:
@@ -379,8 +480,13 @@ def main() -> None:
         for service in services.values():
             service.terminate()
 
+    criterion = (
+        "service paths paced in real time: per-chunk latency p95 / chunk < 1 (p95/chunk); engine-direct RTF < 1"
+        if args.paced
+        else "per-stream RTF < 1"
+    )
     print(
-        f"\nreal-time stream capacity (per-stream RTF < 1), preset {args.preset}, device {args.device} {args.dtype}, "
+        f"\nreal-time stream capacity ({criterion}), preset {args.preset}, device {args.device} {args.dtype}, "
         f"{args.threads} torch thread(s); {args.clients} client process(es); service flags "
         f"{args.service_args or '(defaults)'}; clips of at least {args.clip_s:g} s; client audio pieces "
         f"{args.piece_ms or 'max(chunk, 100)'} ms; median of {args.trials} trial(s) (each listed below); "
@@ -396,8 +502,9 @@ def main() -> None:
         measured = bool(buffered[chunk_ms])  # 0 streams measured (not real-time at 1) reads "inf"; not measured "-"
         versus = f"{service_n / buffered_n:.1f}x" if buffered_n else ("inf" if service_n and measured else "-")
         print(
-            f"{chunk_ms:8d} | {engine_n:4d} (RTF {engine_rtf:.2f}) | {service_n:8d} (RTF {service_rtf_at:.2f}) | "
-            f"{ratio:>14s} | {buffered_n:6d} (RTF {buffered_rtf:.2f}) | {versus:>20s}"
+            f"{chunk_ms:8d} | {engine_n:4d} (RTF {engine_rtf:.2f}) | "
+            f"{service_n:8d} ({service_value} {service_rtf_at:.2f}) | {ratio:>14s} | "
+            f"{buffered_n:6d} ({service_value} {buffered_rtf:.2f}) | {versus:>20s}"
         )
     if args.trials > 1:
         for label, results in (("engine-direct", direct), ("cache-aware", cache_aware), ("buffered", buffered)):
