@@ -194,51 +194,52 @@ def _channels(address: str, streams: int) -> list[grpc.aio.Channel]:
     ]
 
 
+async def service_results(
+    address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int = 0, paced: bool = False
+) -> list[float]:
+    """`streams` gRPC streams from this process: each one's RTF, or with `paced` (real-time streams started evenly
+    over one chunk period) the latency of every partial of every stream."""
+    channels = _channels(address, streams)
+    try:
+        stubs = [asr_pb2_grpc.SpeechRecognizerStub(channel) for channel in channels]
+        piece = piece_samples(chunk_ms, piece_ms)
+        runs = [
+            _paced_stream(stubs[index % len(stubs)], chunk_ms, clip, piece, index / streams * chunk_ms / 1000)
+            if paced
+            else _one_stream(stubs[index % len(stubs)], chunk_ms, clip, piece)
+            for index, clip in enumerate(clips(streams, seconds))
+        ]
+        per_stream = await asyncio.gather(*runs)
+    finally:
+        for channel in channels:
+            await channel.close()
+    return [value for result in per_stream for value in (result if paced else [result])]
+
+
+def probe_value(results: list[float], chunk_ms: int, paced: bool) -> float:
+    """A probe passes below 1: the slowest stream's RTF, or with `paced` the p95 of the latencies over the chunk."""
+    return p95_over_chunk(results, chunk_ms) if paced else max(results)
+
+
 async def service_latencies(
     address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int = 0
 ) -> list[float]:
     """`--paced`: per-chunk latencies of `streams` real-time streams started evenly over one chunk period."""
-    channels = _channels(address, streams)
-    try:
-        stubs = [asr_pb2_grpc.SpeechRecognizerStub(channel) for channel in channels]
-        piece = piece_samples(chunk_ms, piece_ms)
-        per_stream = await asyncio.gather(
-            *(
-                _paced_stream(stubs[index % len(stubs)], chunk_ms, clip, piece, index / streams * chunk_ms / 1000)
-                for index, clip in enumerate(clips(streams, seconds))
-            )
-        )
-    finally:
-        for channel in channels:
-            await channel.close()
-    return [latency for latencies in per_stream for latency in latencies]
+    return await service_results(address, chunk_ms, streams, seconds, piece_ms, paced=True)
 
 
 async def service_rtf(address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int = 0) -> float:
-    channels = _channels(address, streams)
-    try:
-        stubs = [asr_pb2_grpc.SpeechRecognizerStub(channel) for channel in channels]
-        audio = clips(streams, seconds)
-        piece = piece_samples(chunk_ms, piece_ms)
-        rtfs = await asyncio.gather(
-            *(_one_stream(stubs[index % len(stubs)], chunk_ms, clip, piece) for index, clip in enumerate(audio))
-        )
-    finally:
-        for channel in channels:
-            await channel.close()
-    return max(rtfs)
+    return max(await service_results(address, chunk_ms, streams, seconds, piece_ms))
 
 
 _CLIENT_LOOP: asyncio.AbstractEventLoop | None = None
 
 
-def _client_share(address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int, paced: bool = False):
-    """One client process's share of the streams (grpc.aio keeps its callbacks on one loop per process): their
-    slowest RTF, or with `paced` their per-chunk latencies."""
+def _client_share(address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int, paced: bool):
+    """One client process's share of the streams (grpc.aio keeps its callbacks on one loop per process)."""
     global _CLIENT_LOOP
     _CLIENT_LOOP = _CLIENT_LOOP or asyncio.new_event_loop()
-    measure = service_latencies if paced else service_rtf
-    return _CLIENT_LOOP.run_until_complete(measure(address, chunk_ms, streams, seconds, piece_ms))
+    return _CLIENT_LOOP.run_until_complete(service_results(address, chunk_ms, streams, seconds, piece_ms, paced))
 
 
 class ClientProcesses:
@@ -251,22 +252,18 @@ class ClientProcesses:
         self.pool = concurrent.futures.ProcessPoolExecutor(count, mp_context=context)
         list(self.pool.map(abs, range(count)))  # start every worker before the first probe
 
-    def rtf(self, address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int) -> float:
+    def probe(self, address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int, paced: bool) -> float:
+        """The probe value (`probe_value`) over every client process's results."""
         shares = [streams // self.count + (index < streams % self.count) for index in range(self.count)]
         futures = [
-            self.pool.submit(_client_share, address, chunk_ms, share, seconds, piece_ms) for share in shares if share
-        ]
-        return max(future.result() for future in futures)
-
-    def paced(self, address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int) -> float:
-        """`--paced`: p95 of every client's per-chunk latencies / the chunk."""
-        shares = [streams // self.count + (index < streams % self.count) for index in range(self.count)]
-        futures = [
-            self.pool.submit(_client_share, address, chunk_ms, share, seconds, piece_ms, True)
+            self.pool.submit(_client_share, address, chunk_ms, share, seconds, piece_ms, paced)
             for share in shares
             if share
         ]
-        return p95_over_chunk([latency for future in futures for latency in future.result()], chunk_ms)
+        return probe_value([value for future in futures for value in future.result()], chunk_ms, paced)
+
+    def rtf(self, address: str, chunk_ms: int, streams: int, seconds: float, piece_ms: int) -> float:
+        return self.probe(address, chunk_ms, streams, seconds, piece_ms, paced=False)
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
@@ -452,17 +449,15 @@ def main() -> None:
             for backend, results in (("cache-aware", cache_aware), ("buffered", buffered)):
                 if backend in services:
                     address = services[backend].address
-                    if clients and args.paced:
-                        measure = lambda n, c=chunk_ms, a=address, s=seconds: clients.paced(a, c, n, s, args.piece_ms)  # noqa: E731
-                    elif clients:
-                        measure = lambda n, c=chunk_ms, a=address, s=seconds: clients.rtf(a, c, n, s, args.piece_ms)  # noqa: E731
-                    elif args.paced:
-                        measure = lambda n, c=chunk_ms, a=address, s=seconds: p95_over_chunk(  # noqa: E731
-                            loop.run_until_complete(service_latencies(a, c, n, s, args.piece_ms)), c
+                    if clients:
+                        measure = lambda n, c=chunk_ms, a=address, s=seconds: clients.probe(  # noqa: E731
+                            a, c, n, s, args.piece_ms, args.paced
                         )
                     else:
-                        measure = lambda n, c=chunk_ms, a=address, s=seconds: loop.run_until_complete(  # noqa: E731
-                            service_rtf(a, c, n, s, args.piece_ms)
+                        measure = lambda n, c=chunk_ms, a=address, s=seconds: probe_value(  # noqa: E731
+                            loop.run_until_complete(service_results(a, c, n, s, args.piece_ms, args.paced)),
+                            c,
+                            args.paced,
                         )
                     paths.append((f"service {backend:11s}", measure, results, service_value))
             # Each trial interleaves the paths' searches probe by probe; the table reports each path's median trial.

@@ -28,45 +28,39 @@ def shared_counter() -> Any:
 
 
 class Admission:
-    """Admits while fewer than `limit` are in; `shared` (from `shared_counter`) counts across processes."""
+    """Admits while fewer than `limit` are in; `shared` (from `shared_counter`) counts across processes, else a count
+    of this process's own (one event loop: no lock)."""
 
     def __init__(self, limit: int, shared: Any = None):
         self.limit = limit
         self.shared = shared
-        self.local = 0
+        self.local = 0  # used when not shared
 
     def try_enter(self) -> bool:
         """Take one place if there is one (never blocks on the others for more than a counter update)."""
+        return self._add(1)
+
+    def leave(self) -> None:
+        """Give back a place taken by `try_enter`."""
+        self._add(-1)
+
+    def _add(self, step: int) -> bool:
         if self.shared is None:
-            if self.local >= self.limit:
+            if step > 0 and self.local >= self.limit:
                 return False
-            self.local += 1
+            self.local += step
             return True
         lock = self.shared.get_lock()
         if not lock.acquire(timeout=LOCK_TIMEOUT_S):
             log.error("the pod's admission counter stayed locked %.1f s (a front end died holding it?)", LOCK_TIMEOUT_S)
             return False
         try:
-            if self.shared.value >= self.limit:
+            if step > 0 and self.shared.value >= self.limit:
                 return False
-            self.shared.value += 1
+            self.shared.value += step
+            return True
         finally:
             lock.release()
-        self.local += 1
-        return True
-
-    def leave(self) -> None:
-        """Give back a place taken by `try_enter`."""
-        self.local -= 1
-        if self.shared is not None:
-            lock = self.shared.get_lock()
-            if not lock.acquire(timeout=LOCK_TIMEOUT_S):
-                log.error("the pod's admission counter stayed locked: a place is not given back")
-                return
-            try:
-                self.shared.value -= 1
-            finally:
-                lock.release()
 
     @property
     def held(self) -> int:
