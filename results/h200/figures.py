@@ -103,6 +103,31 @@ ASR_SPLIT_LEVEL = re.compile(
 ASR_SPLIT_PROCESS = re.compile(r"^    pid (\d+) \(.*\): ([\d.]+) CPU-s/s, busiest thread \d+ (\S+) ([\d.]+)$", re.M)
 
 
+PY_SPY_MARKS = {  # where the README's py-spy figures come from: samples whose stack holds the function
+    "waiting_on_the_graph": "PaddedStep.run (asr/engine/step_graphs.py:246)",
+    "new_streams": "BatchingBackend._new_stream",
+    "slot_resets": "CacheAwareBackend.reset_slot",
+    "decoder_resets": "GreedyDecoder.reset",
+    "next_segment": "FeatureStream.next_segment",
+    "mel_frames": "mel_frames",
+}
+
+
+def py_spy_summary(path: Path) -> dict:
+    """A py-spy raw record (folded stacks, --threads): active samples per thread, and per mark in PY_SPY_MARKS."""
+    threads: dict[str, int] = {}
+    marks = dict.fromkeys(PY_SPY_MARKS, 0)
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        name = frames[0].split(": ", 1)[-1]
+        threads[name] = threads.get(name, 0) + int(count)
+        for mark, function in PY_SPY_MARKS.items():
+            if any(frame.startswith(function) for frame in frames[1:]):
+                marks[mark] += int(count)
+    return {"source": path.relative_to(RAW).as_posix(), "rate_hz": 200, "samples_per_thread": threads, **marks}
+
+
 def asr_clocked_figures() -> dict:
     """Issue 17, session 14: capacity through gRPC at 320/80 ms with the clocked policy and front ends (one trial
     each), and where the engine process's time goes at 704 streams (asr_cpu_split.py)."""
@@ -127,8 +152,15 @@ def asr_clocked_figures() -> dict:
         {"pid": int(pid), "cpu_s_per_s": float(cpu), "busiest_thread": name, "busiest_thread_cpu_s_per_s": float(top)}
         for pid, cpu, name, top in ASR_SPLIT_PROCESS.findall(text)
     ]
-    return {"capacity": runs, "cpu_split": {"source": split.relative_to(RAW).as_posix(), "levels": levels,
-                                             "processes_at_first_level": processes}}  # fmt: skip
+    return {
+        "capacity": runs,
+        "cpu_split": {
+            "source": split.relative_to(RAW).as_posix(),
+            "levels": levels,
+            "processes_at_first_level": processes,
+        },  # fmt: skip
+        "engine_py_spy": py_spy_summary(folder / "spy" / "704_521.txt"),
+    }
 
 
 ASR_STEP = re.compile(
