@@ -263,19 +263,35 @@ def capacity(results: dict) -> dict:
             "errors": sum(level["errors"] for level in levels)}  # fmt: skip
 
 
+def mean_capacity(first: dict, second: dict) -> dict:
+    """Two capacity() records of the same sweep averaged level by level; the knee is where both runs placed it,
+    else the level with the best mean."""
+    levels = {c: round((first["levels"][c] + second["levels"][c]) / 2, 3) for c in first["levels"]}
+    best = max(levels, key=levels.__getitem__)
+    knee = first["knee_concurrency"] if first["knee_concurrency"] == second["knee_concurrency"] else best
+    return {"knee_concurrency": knee, "knee_audio_s_per_s": levels[knee], "best_audio_s_per_s": levels[best],
+            "levels": levels, "errors": first["errors"] + second["errors"]}  # fmt: skip
+
+
 def test_three_tts_replicas_share_a_round_robin_sweep(compose, request):
-    """One replica's capacity, then --scale tts=3 (compose DNS answers `tts` with three addresses): the sweep
-    through dns:///tts:50053 reaches every replica within ±20 % of the mean, and the capacity rises."""
+    """One replica's capacity, then --scale tts=3 (compose DNS answers `tts` with three addresses), then one again:
+    the sweep through dns:///tts:50053 reaches every replica within ±20 % of the mean, and the capacity rises."""
     if not os.environ.get("COMPOSE_TEST_UP"):
         request.getfixturevalue("swept")  # after the short sweeps (the whole stack); else on its own
         compose("stop", "asr", "llm")  # done with: their idle engines would take CPU from the measurement
     compose.wait_healthy("tts", 1)
     load_before = os.getloadavg()[0]
     busy_before = busiest_processes()
-    (first,) = compose.containers("tts")
-    cpu = CpuUse([first])
-    one = capacity(compose.sweep("tts", "--concurrency", CAPACITY_LEVELS[1], *CAPACITY_SWEEP))
-    one_cpu = cpu.read()
+
+    def one_replica() -> tuple[dict, dict]:
+        (first,) = compose.containers("tts")
+        cpu = CpuUse([first])
+        return capacity(compose.sweep("tts", "--concurrency", CAPACITY_LEVELS[1], *CAPACITY_SWEEP)), cpu.read()
+
+    # One replica before and after the three (interleaved): on a shared virtual machine the speed a CPU quota buys
+    # drifts between minutes (CI: one replica 26.3 audio-s/s at C=8 in one run, 23.1 in the next, same code), and
+    # a single baseline draw moved the ratio between 2.4 and 2.9. The baseline is the mean of the two.
+    one_before, one_before_cpu = one_replica()
     compose("up", "-d", "--no-build", "--no-recreate", "--scale", "tts=3", "tts")
     compose.wait_healthy("tts", 3)
     replicas = compose.containers("tts")
@@ -285,13 +301,18 @@ def test_three_tts_replicas_share_a_round_robin_sweep(compose, request):
     three_cpu = cpu.read()
     served = {container: replica_requests(container) - before[container] for container in replicas}
     mean = sum(served.values()) / len(served)
+    compose("up", "-d", "--no-build", "--no-recreate", "--scale", "tts=1", "tts")
+    compose.wait_healthy("tts", 1)
+    one_after, one_after_cpu = one_replica()
+    one = mean_capacity(one_before, one_after)
+    one_cpu = {"before": one_before_cpu, "after": one_after_cpu}
     measured = {
         "command": "make compose-test (tests/compose/test_stack.py::test_three_tts_replicas_share_a_round_robin_sweep)",
         "sweep": ["sweep", "--target", "tts", "--tts", "dns:///tts:50053", *CAPACITY_SWEEP],
         "cpu_cores": os.cpu_count(), "cpus_per_replica": float(os.environ.get("TTS_CPUS", "0.4")),
         "load_average_1m": {"before": load_before, "after": os.getloadavg()[0]},
         "busiest_processes_before": busy_before, "busiest_processes_after": busiest_processes(),
-        "one_replica": one, "three_replicas": three,
+        "one_replica": one, "one_replica_runs": [one_before, one_after], "three_replicas": three,
         "replica_cpu": {"one_replica": one_cpu, "three_replicas": three_cpu},
         "requests_per_replica": served, "spread_vs_mean": {c: round(n / mean - 1, 3) for c, n in served.items()},
         "capacity_ratio_knee": three["knee_audio_s_per_s"] / one["knee_audio_s_per_s"],
@@ -312,7 +333,8 @@ def test_three_tts_replicas_share_a_round_robin_sweep(compose, request):
     # What else ran is read from the machine's CPU time less the replicas' own: more than OTHERS_QUIET_CORES
     # (the load generator's and the system's share of the spare 0.8) and the replicas competed for their quota.
     cores = os.cpu_count() or 1
-    others = max(measured["replica_cpu"][k].get("other_cores_mean", cores) for k in ("one_replica", "three_replicas"))
+    runs = [one_before_cpu, one_after_cpu, three_cpu]
+    others = max(run.get("other_cores_mean", cores) for run in runs)
     quiet = load_before <= cores and others <= OTHERS_QUIET_CORES
     if measured["cpus_per_replica"] * 3 <= cores * 0.75 and quiet:
         assert measured["capacity_ratio_best"] >= 2.5, measured
