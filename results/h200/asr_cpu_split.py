@@ -8,9 +8,9 @@ service. The service's own step histograms add the steps taken, the mean streams
 the wall time spent stepping. Used on the lent H200, where the service carried fewer streams than NeMo driven directly.
 
 `--service-args` adds service flags (e.g. "--step-policy clocked --frontends 4 --graph-chunks 320"); with front ends
-the service is several processes, so each level also prints every process under the service's (its CPU-s/s, and
-that of its busiest thread, named). `--py-spy DIR` records each of those processes with py-spy (raw, folded stacks)
-during each level, into DIR/<streams>_<pid>.txt.
+the service is several processes, so each level also prints every process under the service's: its CPU-s/s, that
+of its busiest thread (named) and that of its main thread, which runs its event loop. `--py-spy DIR` records each
+of those processes with py-spy (raw, folded stacks) during each level, into DIR/<streams>_<pid>.txt.
 """
 
 from __future__ import annotations
@@ -228,9 +228,10 @@ def main() -> None:
                     before_total, before_threads = processes_before[pid]
                     used_by = {name: (cpu - before_threads.get(name, 0.0)) / wall for name, cpu in threads.items()}
                     busiest = max(used_by, key=used_by.get)
+                    main_thread = next((name for name in used_by if name.split()[0] == str(pid)), busiest)
                     print(
                         f"    pid {pid} ({role(pid)}): {(total - before_total) / wall:.2f} CPU-s/s, busiest thread "
-                        f"{busiest} {used_by[busiest]:.2f}",
+                        f"{busiest} {used_by[busiest]:.2f}, main thread (event loop) {used_by[main_thread]:.2f}",
                         flush=True,
                     )
     finally:
