@@ -21,6 +21,13 @@ def test_batched_frames_are_each_streams_offline_frames():
     taken = [[] for _ in clips]
     rng = np.random.default_rng(0)
     sent = [0] * len(clips)
+
+    def take(segments):  # one batched call; each segment's new frames to its stream's list
+        mel, busy = features.mel_batch(preprocessor, mel_bins, segments, "cpu")
+        for row, index in enumerate(busy):
+            _samples, skip, count = segments[index]
+            taken[index].append(mel[row, :, skip : skip + count])
+
     with torch.inference_mode():
         finals = [False] * len(clips)
         while not all(finals):  # a closed stream's last segment takes every frame left
@@ -29,9 +36,17 @@ def test_batched_frames_are_each_streams_offline_frames():
                 streams[index].append(piece)
                 sent[index] += len(piece)
             finals = [sent[index] == len(audio) for index, audio in enumerate(clips)]
-            segments = [stream.next_segment(final) for stream, final in zip(streams, finals, strict=True)]
-            for index, frames in enumerate(features.mel_frames(preprocessor, mel_bins, segments, "cpu")):
-                taken[index].append(frames)
+            # Sometimes fewer frames than are ready (as a step takes only the frames it consumes): the rest
+            # must come out the same in a later call.
+            limits = [stream.mel_done + int(rng.integers(1, 40)) if rng.random() < 0.5 else None for stream in streams]
+            take(
+                [
+                    stream.next_segment(final, limit)
+                    for stream, final, limit in zip(streams, finals, limits, strict=True)
+                ]
+            )
+        while any(stream.available(True) > stream.mel_done for stream in streams):  # what the limits left
+            take([stream.next_segment(True) for stream in streams])
         for index, audio in enumerate(clips):
             streamed = torch.cat(taken[index], dim=1)
             offline, length = preprocessor(

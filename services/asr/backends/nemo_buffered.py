@@ -49,10 +49,10 @@ class BufferedBackend(BatchingBackend):
         window_mel = (self.window_frames[chunk_ms] - 1) * fc.MEL_PER_ENCODER_FRAME + 1
         windows = []
         for stream, chunk in zip(streams, chunks, strict=True):
-            if stream.history.shape[1] < window_mel:  # the buffer starts zero-filled, as in FrameBatchASR
-                stream.history = stream.history.new_zeros(stream.history.shape[0], window_mel)
-            stream.history = torch.cat((stream.history, chunk), dim=1)[:, -window_mel:]
-            windows.append(stream.history)
+            if stream.window is None:  # the buffer starts zero-filled, as in FrameBatchASR
+                stream.window = chunk.new_zeros(chunk.shape[0], window_mel)
+            stream.window = torch.cat((stream.window, chunk), dim=1)[:, -window_mel:]
+            windows.append(stream.window)
         signal = torch.stack(windows).to(self.device, self.dtype)
         encoder = self.model.encoder
         encoder.set_default_att_context_size(streams[0].context)

@@ -72,6 +72,9 @@ class CacheAwareBackend(BatchingBackend):
                 encoder.set_default_att_context_size(context)
                 # One row past the slots (streams, offline lanes): the scratch slot padded rows read and write.
                 self.pools[context[0]] = encoder.get_initial_cache_state(self.slot_count + 1, dtype=dtype)
+        # Each slot's last `pre_encode_frames` consumed mel frames (right-aligned, zeros before a stream's first):
+        # the next step's pre-encode history, read and written for all of a step's streams at once.
+        self.history = torch.zeros(self.slot_count + 1, self.shape.mel_bins, self.pre_encode_frames, device=self.device)
 
     def warm_up(self) -> None:
         super().warm_up()
@@ -117,6 +120,7 @@ class CacheAwareBackend(BatchingBackend):
         channel[:, at] = 0
         time[:, at] = 0
         length[at] = 0
+        self.history[at] = 0
 
     def chunk_mel(self, stream: Stream) -> int:
         chunk_size = self.streaming[stream.settings.chunk_ms].chunk_size
@@ -134,35 +138,31 @@ class CacheAwareBackend(BatchingBackend):
     def group_key(self, stream: Stream) -> tuple:
         return self._history_and_drop(stream)
 
-    @staticmethod
-    def _signal(streams: list[Stream], chunks: list[torch.Tensor], history: int) -> tuple[torch.Tensor, list[int]]:
-        """Each stream's `history` frames then its chunk, as one batch [B, mel, T], and each row's width."""
-        if all(chunk.shape[1] == chunks[0].shape[1] for chunk in chunks):  # the steady state
-            # Stack the histories and the chunks and join them once: a join per stream would be a kernel
-            # launch per stream per step on a GPU.
-            signal = torch.stack(chunks)
-            if history:
-                tails = torch.stack([stream.history[:, stream.history.shape[1] - history :] for stream in streams])
-                signal = torch.cat((tails, signal), dim=2)
+    def _signal(
+        self, streams: list[Stream], chunks: torch.Tensor | list[torch.Tensor], history: int
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Each stream's last `history` consumed frames then its chunk, as one batch [B, mel, T], and each row's
+        width; the slots' history rows move on to the last `pre_encode_frames` frames of that."""
+        keep = self.pre_encode_frames
+        at = rows([stream.slot for stream in streams], self.device)
+        before = gather(self.history, 0, at)  # [B, mel, keep]
+        if isinstance(chunks, torch.Tensor):  # the steady state: a few batched calls, none per stream
+            joined = torch.cat((before, chunks), dim=2)
+            scatter(self.history, 0, at, joined[:, :, -keep:])
+            signal = joined[:, :, keep - history :]
             return signal, [signal.shape[2]] * len(streams)
-        # A stream's short last chunk: zero-pad (the encoder masks each stream at its length).
-        inputs = [
-            torch.cat((stream.history[:, stream.history.shape[1] - history :], chunk), dim=1)
-            for stream, chunk in zip(streams, chunks, strict=True)
-        ]
+        # A stream's short last chunk, or frames left over from an earlier step: zero-pad (the encoder masks each
+        # stream at its length).
+        joined = [torch.cat((before[index], chunk), dim=1) for index, chunk in enumerate(chunks)]
+        scatter(self.history, 0, at, torch.stack([row[:, -keep:] for row in joined]))
+        inputs = [row[:, keep - history :] for row in joined]
         signal = torch.nn.utils.rnn.pad_sequence([piece.T for piece in inputs], batch_first=True).transpose(1, 2)
         return signal, [piece.shape[1] for piece in inputs]
 
-    def encode_group(self, streams: list[Stream], chunks: list[torch.Tensor]) -> GroupResult:
+    def encode_group(self, streams: list[Stream], chunks: torch.Tensor | list[torch.Tensor]) -> GroupResult:
         context = streams[0].context
         history, drop = self._history_and_drop(streams[0])
         signal, widths = self._signal(streams, chunks, history)
-        for index, (stream, chunk) in enumerate(zip(streams, chunks, strict=True)):
-            # The next step's history is this input's tail (a view: no copy per stream per step).
-            if widths[index] >= self.pre_encode_frames:
-                stream.history = signal[index, :, widths[index] - self.pre_encode_frames : widths[index]]
-            else:
-                stream.history = torch.cat((stream.history, chunk), dim=1)[:, -self.pre_encode_frames :]
         # history 0 only at a stream's first step; 9 (the pre-encode cache) at every later one but 80 ms's second
         padded = self.padded.get((streams[0].settings.chunk_ms, history == 0))
         steady = history in (0, self.pre_encode_frames)

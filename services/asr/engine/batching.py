@@ -186,7 +186,7 @@ class BatchingBackend:
         context = self.contexts[settings.chunk_ms]
         with self.resets_lock:
             self.resets_due.append((slot, context))  # reset before any step reads it (_reset_due_slots)
-        return Stream(settings, context, features.FeatureStream(self.shape.mel_bins), slot, self.device)
+        return Stream(settings, context, features.FeatureStream(self.shape.mel_bins), slot)
 
     def _release(self, stream: Stream) -> None:
         heapq.heappush(self.free_slots, stream.slot)
@@ -372,16 +372,7 @@ class BatchingBackend:
     def _step(self, streams: list[Stream]) -> list[RecognitionUpdate]:
         started = time.perf_counter()
         self._reset_due_slots()
-        # The new mel frames of every stream in one batched preprocessor call on the serving device: one
-        # call per stream would cost a CPU STFT (and a host-to-device copy) per stream per step.
-        segments = [stream.feature_segment() for stream in streams]
-        new_frames = features.mel_frames(self.model.preprocessor, self.shape.mel_bins, segments, self.device)
-        chunks = []
-        for stream, frames in zip(streams, new_frames, strict=True):
-            stream.add_features(frames)
-            size = self.chunk_mel(stream)
-            chunks.append(stream.pending[:, :size])
-            stream.pending = stream.pending[:, size:]
+        chunks, sizes = self._chunks(streams)
         result = self.encode_group(streams, chunks)
         new_tokens = result.new_tokens
         if new_tokens is None:
@@ -394,14 +385,13 @@ class BatchingBackend:
         metrics.step_duration.labels(chunk_label).observe(finished - started)
         self.work.record_work(result.flops, result.read_bytes)
         metrics.encoder_frames.labels(chunk_label).inc(sum(result.frames_computed))
-        mel_consumed = sum(chunk.shape[1] for chunk in chunks)
-        metrics.audio_processed.labels(chunk_label).inc(mel_consumed * features.HOP_SAMPLES / features.SAMPLE_RATE)
+        metrics.audio_processed.labels(chunk_label).inc(sum(sizes) * features.HOP_SAMPLES / features.SAMPLE_RATE)
         updates = []
-        for index, (stream, chunk, tokens) in enumerate(zip(streams, chunks, new_tokens, strict=True)):
+        for index, (stream, size, tokens) in enumerate(zip(streams, sizes, new_tokens, strict=True)):
             completed_at = stream.arrival_of_sample(
-                (stream.mel_consumed + chunk.shape[1] - 1) * features.HOP_SAMPLES + features.STFT_HALF_WINDOW
+                (stream.mel_consumed + size - 1) * features.HOP_SAMPLES + features.STFT_HALF_WINDOW
             )
-            stream.mel_consumed += chunk.shape[1]
+            stream.mel_consumed += size
             known = len(stream.token_ids)
             stream.token_ids += tokens
             stream.transcript = self.detokenizer.extend(stream.transcript, stream.token_ids, known)
@@ -422,6 +412,33 @@ class BatchingBackend:
             )
             stream.steps += 1
         return updates
+
+    def _chunks(self, streams: list[Stream]) -> tuple[torch.Tensor | list[torch.Tensor], list[int]]:
+        """The mel frames each stream's step consumes, and how many: one batch [B, mel, frames] when every
+        stream takes the same number (the steady state), else a list.
+
+        The new frames of every stream come from one batched preprocessor call on the serving device (one call
+        per stream would cost a CPU STFT and a host-to-device copy per stream per step), and only the frames the
+        step consumes are computed (never a frame left for the next step to join to its new ones). In the steady
+        state no tensor operation here is per stream: on a GPU each one is host time per stream per step (the
+        join of left-over and new frames was a kernel launch per stream)."""
+        sizes = [self.chunk_mel(stream) for stream in streams]
+        segments = [
+            stream.feature_segment(stream.mel_consumed + size) for stream, size in zip(streams, sizes, strict=True)
+        ]
+        mel, busy = features.mel_batch(self.model.preprocessor, self.shape.mel_bins, segments, self.device)
+        skip, count = segments[0][1:]
+        if len(busy) == len(streams) and all(
+            segment[1] == skip and segment[2] == count == size for segment, size in zip(segments, sizes, strict=True)
+        ):
+            return mel[:, :, skip : skip + count], sizes
+        # A closed stream's last chunk (fewer frames, or none: only its final hypothesis is due), or a first step
+        # beside later ones: one view per stream.
+        chunks = [torch.zeros(self.shape.mel_bins, 0, device=self.device)] * len(streams)
+        for row, index in enumerate(busy):
+            _samples, skip, count = segments[index]
+            chunks[index] = mel[row, :, skip : skip + count]
+        return chunks, [chunk.shape[1] for chunk in chunks]
 
     def _reset_due_slots(self) -> None:
         """Reset every slot taken since the last step (steps are serialised, so no step reads one before)."""

@@ -16,7 +16,7 @@ class FeatureStream:
 
     A frame centred on sample 160·t needs samples up to 160·t + 256, so frames lag the audio by 16 ms until
     the end, where the clip is closed the way the offline preprocessor closes it (zero padding). This class
-    only cuts the audio; `mel_frames` computes many streams' segments in one batched preprocessor call.
+    only cuts the audio; `mel_batch` computes many streams' segments in one batched preprocessor call.
     """
 
     def __init__(self, mel_bins: int):
@@ -40,12 +40,15 @@ class FeatureStream:
             return total // HOP_SAMPLES
         return max(0, (total - STFT_HALF_WINDOW) // HOP_SAMPLES + 1)
 
-    def next_segment(self, final: bool) -> tuple[np.ndarray, int, int]:
+    def next_segment(self, final: bool, limit: int | None = None) -> tuple[np.ndarray, int, int]:
         """The audio the next frames are computed from, and which of its frames are new: (samples, skip, count).
 
         The segment starts 4 frames early (640 samples > the 257 the window and pre-emphasis reach back), on
-        the hop grid, so its frames from `skip` on are the clip's own. Marks the frames as taken."""
-        end = self.available(final)
+        the hop grid, so its frames from `skip` on are the clip's own. With `limit`, frames from `limit` on are
+        left for a later call: the segment then ends where frame `limit - 1`'s window does, so none of its frames
+        reaches the clip's end (as for a clip still arriving). Marks the frames as taken."""
+        available = self.available(final)
+        end = available if limit is None else min(available, limit)
         if end <= self.mel_done:
             return self.samples[:0], 0, 0
         if self.arrived:
@@ -53,6 +56,8 @@ class FeatureStream:
             self.arrived.clear()
         first = max(0, self.mel_done - 4)
         segment = self.samples[first * HOP_SAMPLES - self.sample_offset :]
+        if end < available:  # frames only up to end - 1: its window ends STFT_HALF_WINDOW past its centre
+            segment = segment[: (end - 1 - first) * HOP_SAMPLES + STFT_HALF_WINDOW]
         skip, count = self.mel_done - first, end - self.mel_done
         self.mel_done = end
         # Keep only what the next segment reaches back to (`segment` keeps its own reference).
@@ -63,23 +68,21 @@ class FeatureStream:
         return segment, skip, count
 
 
-def mel_frames(preprocessor, mel_bins: int, segments: list[tuple[np.ndarray, int, int]], device) -> list[torch.Tensor]:
-    """The new frames [feat, count] of every segment from ONE batched preprocessor call on `device`.
+def mel_batch(
+    preprocessor, mel_bins: int, segments: list[tuple[np.ndarray, int, int]], device
+) -> tuple[torch.Tensor | None, list[int]]:
+    """ONE batched preprocessor call on `device` over the segments with new frames: their mel [rows, feat, T]
+    (None when no segment has any) and which segments its rows are.
 
     Segments are zero-padded to the longest; the preprocessor masks each row at its own length (pre-emphasis
     and frames), so a row's frames are those of the segment alone."""
-    empty = torch.zeros(mel_bins, 0, device=device)
     busy = [index for index, (_samples, _skip, count) in enumerate(segments) if count]
     if not busy:
-        return [empty] * len(segments)
+        return None, busy
     longest = max(len(segments[index][0]) for index in busy)
     signal = np.zeros((len(busy), longest), dtype=np.float32)
     for row, index in enumerate(busy):
         signal[row, : len(segments[index][0])] = segments[index][0]
     lengths = torch.tensor([len(segments[index][0]) for index in busy])
     mel, _ = preprocessor(input_signal=torch.from_numpy(signal).to(device), length=lengths.to(device))
-    frames = [empty] * len(segments)
-    for row, index in enumerate(busy):
-        _samples, skip, count = segments[index]
-        frames[index] = mel[row, :, skip : skip + count]
-    return frames
+    return mel, busy

@@ -22,9 +22,10 @@ _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 class Stream:
-    """One client stream's state between steps: audio, mel frames, decoder hypothesis, cache slot."""
+    """One client stream's state between steps: audio, decoder hypothesis, cache slot (the backend pools the rest by
+    slot: encoder caches, pre-encode history, decoder state)."""
 
-    def __init__(self, settings: StreamSettings, context: list[int], features: FeatureStream, slot: int, device):
+    def __init__(self, settings: StreamSettings, context: list[int], features: FeatureStream, slot: int):
         self.settings = settings
         self.context = context
         self.features = features
@@ -33,10 +34,7 @@ class Stream:
         self.joined_at = time.perf_counter()
         self.steps = 0
         self.mel_consumed = 0  # mel frames the encoder has consumed
-        # Mel frames live on the serving device: recent consumed ones (pre-encode cache / window) and those
-        # computed but not consumed yet.
-        self.history = torch.zeros(features.mel_bins, 0, device=device)
-        self.pending = torch.zeros(features.mel_bins, 0, device=device)
+        self.window: torch.Tensor | None = None  # the buffered backend's mel window (on the serving device)
         self.token_ids: list[int] = []  # the decoder's state is in the backend's pool, row `slot`
         self.transcript = ""  # the text of token_ids, extended as tokens are added
         self.closed = False
@@ -56,13 +54,10 @@ class Stream:
     def mel_available(self) -> int:
         return self.features.available(self.closed)
 
-    def feature_segment(self) -> tuple[np.ndarray, int, int]:
+    def feature_segment(self, limit: int | None = None) -> tuple[np.ndarray, int, int]:
+        """The audio of the next mel frames, up to frame `limit` (features.FeatureStream.next_segment)."""
         with self.feature_lock:
-            return self.features.next_segment(self.closed)
-
-    def add_features(self, frames: torch.Tensor) -> None:
-        if frames.shape[1]:
-            self.pending = torch.cat((self.pending, frames), dim=1) if self.pending.shape[1] else frames
+            return self.features.next_segment(self.closed, limit)
 
     def arrival_of_sample(self, sample: int) -> float:
         """When the audio up to `sample` had arrived (the end of the clip counts as arriving at half-close)."""

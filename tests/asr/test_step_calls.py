@@ -1,0 +1,70 @@
+"""A steady step's host cost does not grow with its streams' torch calls: on a GPU every torch call is host time (a
+view, a kernel launch), and a call per stream per step was, at ~1,000 streams, tens of milliseconds of each step
+(results/h200/README.md, v5). Counted on the CPU twin of the padded step, as the H200 run plan configures it."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")  # the asr environment always has it; the import is only slow
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from services.asr.backend import StreamSettings  # noqa: E402
+from services.asr.backends.in_process import load_in_process  # noqa: E402
+from services.asr.config import AsrConfig  # noqa: E402
+from services.asr.engine import features  # noqa: E402
+
+MAX_STREAMS = 16
+
+
+class Calls(TorchDispatchMode):
+    """Counts the torch operations run under it, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(scope="module")
+def backend():
+    config = AsrConfig(preset="tiny", max_streams=MAX_STREAMS, max_batch_streams=MAX_STREAMS, padded_steps=True)
+    backend = load_in_process(config)
+    backend.warm_up()
+    return backend
+
+
+def _steady_step_calls(backend, chunk_ms: int, count: int) -> collections.Counter[str]:
+    """Torch calls of the fourth step of `count` real-time streams (one chunk of audio arrives per step)."""
+    rng = np.random.default_rng(count)
+    streams = [backend._new_stream(StreamSettings(f"s{i}", chunk_ms, False)) for i in range(count)]
+    piece = chunk_ms * features.SAMPLE_RATE // 1000
+    try:
+        for step in range(4):
+            for stream in streams:  # a chunk's audio, and the 16 ms its last frame's window reaches past it
+                while stream.mel_available() < stream.mel_consumed + backend.chunk_mel(stream):
+                    stream.append(rng.standard_normal(piece).astype(np.float32) * 0.1, time.perf_counter())
+            if step < 3:
+                backend._step(streams)
+        with Calls() as calls:
+            backend._step(streams)
+        return calls.counts
+    finally:
+        for stream in streams:
+            backend._release(stream)
+
+
+@pytest.mark.parametrize("chunk_ms", [80, 320])
+def test_a_steady_step_makes_no_torch_call_per_stream(backend, chunk_ms):
+    few, many = _steady_step_calls(backend, chunk_ms, 2), _steady_step_calls(backend, chunk_ms, MAX_STREAMS)
+    grew = {name: (few[name], many[name]) for name in few | many if few[name] != many[name]}
+    assert not grew, f"torch calls that grew from 2 to {MAX_STREAMS} streams (2, {MAX_STREAMS}): {grew}"
+    assert sum(few.values()) > 100  # the step itself ran under the count
