@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings, measure_ceilings
 from voiceagent.serving.config import ServingConfig
 from voiceagent.serving.lifeline import stop_with_launcher
+from voiceagent.serving.malformed import MalformedRequestInterceptor
 from voiceagent.serving.metrics import RpcMetricsInterceptor, service_metrics, start_metrics_endpoint
 from voiceagent.serving.tls import server_credentials
 
@@ -71,7 +72,10 @@ class Server:
             # GOAWAY at this age (in-flight calls still finish): a round_robin client re-resolves DNS on it, which is
             # how it learns of replicas added since it connected (grpc does not re-resolve while connections live).
             options.append(("grpc.max_connection_age_ms", round(config.max_connection_age_s * 1000)))
-        self.grpc = grpc.aio.server(interceptors=[RpcMetricsInterceptor(self.metrics), *interceptors], options=options)
+        self.grpc = grpc.aio.server(
+            interceptors=[RpcMetricsInterceptor(self.metrics), MalformedRequestInterceptor(), *interceptors],
+            options=options,
+        )
         service.add_to_server(self.grpc)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
