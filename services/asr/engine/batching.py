@@ -23,7 +23,7 @@ import contextlib
 import heapq
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -43,14 +43,20 @@ Arrival = tuple[np.ndarray | None, float]  # audio and when it arrived (time.per
 OFFLINE_LANES = 1  # long clips stepped at once; more wait for the lane (each holds a cache slot)
 
 
-async def _finish_holding(work: asyncio.Future):
+async def _finish_holding(work: Awaitable):
     """Await `work` (a step in a worker thread) even when cancelled: the caller holds the device lock, and
-    releasing it while the thread still runs would let a second step use the model at the same time."""
+    releasing it while the thread still runs would let a second step use the model at the same time (a
+    cancelled Recognize did exactly that, and a live step beside it failed inside the model). The work becomes a
+    task first: a coroutine can be awaited once only, so waiting again on the coroutine itself raised at once."""
+    task = asyncio.ensure_future(work)
     try:
-        return await asyncio.shield(work)
+        return await asyncio.shield(task)
     except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await work
+        while not task.done():  # cancelled again meanwhile: keep waiting, the lock is still ours
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # taken: the step's own failure is not the cancelled caller's to report
         raise
 
 
