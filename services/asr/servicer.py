@@ -8,7 +8,6 @@ INVALID_ARGUMENT naming the field; more than `max_streams` concurrent streams is
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 
 import grpc
@@ -20,6 +19,7 @@ from voiceagent.serving.admission import Admission
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
 from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, QueueFull, abort
 from voiceagent.serving.info import info_response
+from voiceagent.serving.request_ids import request_id
 from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
 
 SAMPLE_RATE_HZ = 16000
@@ -35,8 +35,9 @@ def decode_audio(payload: bytes, encoding: int) -> np.ndarray:
     if encoding == common_pb2.AUDIO_ENCODING_PCM16:
         return np.frombuffer(payload, dtype="<i2").astype(np.float32) / 32768.0
     samples = np.frombuffer(payload, dtype="<f4").astype(np.float32)
-    if not np.isfinite(samples).all():
-        raise InvalidRequest("audio", "FLOAT32 samples must be finite (found NaN or infinity)")
+    peak = np.abs(samples).max() if samples.size else 0.0
+    if not peak <= 1.0:  # NaN fails this too
+        raise InvalidRequest("audio", f"FLOAT32 samples must be finite and within [-1, 1] (found {peak})")
     return samples
 
 
@@ -96,7 +97,9 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
         choices = self.backend.chunk_ms_choices
         if config.chunk_ms not in choices:
             raise InvalidRequest("config.chunk_ms", f"{config.chunk_ms} is not one of {list(choices)} ms")
-        return StreamSettings(config.request_id or uuid.uuid4().hex, config.chunk_ms, config.interim_results)
+        return StreamSettings(
+            request_id(config.request_id, "config.request_id"), config.chunk_ms, config.interim_results
+        )
 
     def _check_offline_length(self, payload_bytes: int, encoding: int) -> None:
         """Before decoding: a clip longer than max_offline_audio_s is refused on its byte count alone."""
@@ -110,8 +113,11 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
 
     async def _audio(self, requests: AsyncIterator, encoding: int) -> AsyncIterator[np.ndarray]:
         async for request in requests:
-            if request.WhichOneof("request") != "audio":
+            kind = request.WhichOneof("request")
+            if kind == "config":
                 raise InvalidRequest("config", "only the first message may be a config; the rest must be audio")
+            if kind is None:
+                raise InvalidRequest("request", "a message with neither config nor audio set")
             if request.audio:
                 yield decode_audio(request.audio, encoding)
 
@@ -122,7 +128,10 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
     async def StreamingRecognize(self, request_iterator, context):
         await self._require_ready(context)
         requests = aiter(request_iterator)
-        first = await anext(requests, None)
+        try:
+            first = await anext(requests, None)
+        except InvalidRequest as exc:  # a message that does not parse (voiceagent/serving/malformed.py)
+            await abort(context, exc)
         if first is None or first.WhichOneof("request") != "config":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "config must come first: send a config message")
         try:
@@ -155,6 +164,8 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
         try:
             settings = self._settings(request.config)
             self._check_offline_length(len(request.audio), request.config.encoding)
+            if not request.audio:
+                raise InvalidRequest("audio", "is empty: send the clip to transcribe")
             audio = decode_audio(request.audio, request.config.encoding)
         except InvalidRequest as exc:
             await abort(context, exc)

@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import uuid
 from pathlib import Path
 
 import grpc
@@ -27,6 +26,7 @@ from services.llm.config import LlmConfig
 from voiceagent.serving.admission import Admission
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
 from voiceagent.serving.info import info_response
+from voiceagent.serving.request_ids import request_id
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -303,7 +303,7 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is still loading")
         try:
             generation = GenerationRequest(
-                request_id=request.request_id or uuid.uuid4().hex,
+                request_id=request_id(request.request_id, "request_id"),
                 prompt=to_prompt(request, self.prompt_limits),
                 sampling=to_sampling(request.sampling),
             )

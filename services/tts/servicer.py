@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import math
 import secrets
-import uuid
 from collections.abc import AsyncIterator
 
 import grpc
@@ -19,6 +18,7 @@ from services.tts.phrases import PhraseSplitter
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
 from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, ServiceError, abort
 from voiceagent.serving.info import info_response
+from voiceagent.serving.request_ids import request_id
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
 _ENCODINGS = (common_pb2.AUDIO_ENCODING_UNSPECIFIED, common_pb2.AUDIO_ENCODING_PCM16, common_pb2.AUDIO_ENCODING_FLOAT32)
@@ -94,7 +94,7 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
             if not (math.isfinite(cfg_value) and CFG_RANGE[0] <= cfg_value <= CFG_RANGE[1]):
                 raise InvalidRequest("config.cfg_value", f"{cfg_value} outside {CFG_RANGE}")
         return SynthesisRequest(
-            request_id=config.request_id or uuid.uuid4().hex,
+            request_id=request_id(config.request_id, "config.request_id"),
             segments=segments,
             sample_rate_hz=config.sample_rate_hz or NATIVE_SAMPLE_RATE_HZ,
             pcm16=config.encoding == common_pb2.AUDIO_ENCODING_PCM16,

@@ -36,6 +36,9 @@ def _status(service, messages) -> grpc.RpcError:
         ([Audio(config=config(320, encoding=FLOAT32)), Audio(audio=b"\0" * 6)], "4-byte AUDIO_ENCODING_FLOAT32"),
         ([Audio(config=config(320)), Audio(audio=np.array([np.nan], "<f4").tobytes())], "finite"),
         ([Audio(config=config(320)), Audio(config=config(320))], "only the first message may be a config"),
+        ([Audio(config=config(320)), Audio()], "neither config nor audio"),
+        ([Audio(config=config(320)), Audio(audio=np.array([0.5, -2.0], "<f4").tobytes())], "within [-1, 1]"),
+        ([Audio(config=config(320, request_id="x" * 129))], "config.request_id: 129 characters"),
     ],
     ids=[
         "audio-first",
@@ -48,6 +51,9 @@ def _status(service, messages) -> grpc.RpcError:
         "short-float32",
         "nan",
         "second-config",
+        "empty-message",
+        "float32-out-of-range",
+        "long-request-id",
     ],  # fmt: skip
 )
 def test_bad_stream_is_invalid_argument(cache_aware, messages, reason):
@@ -60,11 +66,26 @@ def test_bad_recognize_is_invalid_argument(cache_aware):
     for request, reason in [
         (asr_pb2.RecognizeRequest(config=config(90), audio=b""), "config.chunk_ms"),
         (asr_pb2.RecognizeRequest(config=config(320, encoding=PCM16), audio=b"\0"), "PCM16"),
+        (asr_pb2.RecognizeRequest(config=config(320), audio=b""), "audio: is empty"),
+        (asr_pb2.RecognizeRequest(config=config(320, request_id="x" * 129), audio=b"\0" * 4), "config.request_id"),
     ]:
         with pytest.raises(grpc.RpcError) as caught:
             stub(cache_aware).Recognize(request, timeout=30)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert reason in caught.value.details()
+
+
+@pytest.mark.parametrize("where", ["first", "after-config"])
+def test_a_stream_message_that_does_not_parse_is_invalid_argument(cache_aware, where):
+    """Raw bytes that are not a StreamingRecognizeRequest (a length past the message's end), first or mid-stream."""
+    good = Audio(config=config(320)).SerializeToString()
+    messages = [b"\x0a\xff\xff\xff\xff\x0f"] if where == "first" else [good, b"\x0a\xff\xff\xff\xff\x0f"]
+    with grpc.insecure_channel(cache_aware.address) as channel:
+        call = channel.stream_stream("/voiceagent.v1.SpeechRecognizer/StreamingRecognize")
+        with pytest.raises(grpc.RpcError) as caught:
+            list(call(iter(messages), timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+    assert "request: not a valid message" in caught.value.details()
 
 
 def _wait_active(service, expected: float, timeout_s: float = 10) -> None:
