@@ -30,6 +30,11 @@ from voiceagent.serving.request_ids import request_id
 from voiceagent.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
+MAX_TEMPERATURE = 2.0  # vLLM's own bound
+SEED_RANGE = (0, (1 << 32) - 1)  # vLLM seeds its generators with 32 bits: seeds 2**32 apart sampled alike
+# Each stop string is searched for in every new piece of text: many or long ones cost every step of the request.
+MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 1000
 MAX_MESSAGE_BYTES = 64 << 20
 REST_OF_REQUEST_BYTES = 1 << 20  # request id, sampling (stop strings) and framing, beside a prompt at its limit
 # Before the engine loads, max_prompt_bytes is bounded with this many bytes per token: twice Qwen3's longest token
@@ -45,18 +50,33 @@ FINISH_REASONS = {
 }
 
 
-def to_sampling(proto: llm_pb2.SamplingParams) -> Sampling:
+def to_sampling(proto: llm_pb2.SamplingParams, max_model_len: int = 0) -> Sampling:
+    """The request's sampling, checked against what the engine accepts (and `max_model_len` when known)."""
     if proto.max_tokens <= 0:
         raise InvalidRequest("sampling.max_tokens", f"must be > 0, got {proto.max_tokens}")
+    if max_model_len and proto.max_tokens >= max_model_len:  # refused before the prompt is tokenised
+        raise InvalidRequest(
+            "sampling.max_tokens",
+            f"{proto.max_tokens} leaves no room for a prompt within the model's max length of {max_model_len} tokens",
+        )
     temperature = proto.temperature if proto.HasField("temperature") else 1.0
-    if not temperature >= 0:  # also catches NaN
-        raise InvalidRequest("sampling.temperature", f"must be >= 0, got {temperature}")
+    if not 0 <= temperature <= MAX_TEMPERATURE:  # also catches NaN
+        raise InvalidRequest("sampling.temperature", f"must be in [0, {MAX_TEMPERATURE:g}], got {temperature}")
     top_p = proto.top_p if proto.HasField("top_p") else 1.0
     if not 0 < top_p <= 1:
         raise InvalidRequest("sampling.top_p", f"must be in (0, 1], got {top_p}")
+    if proto.HasField("seed") and not SEED_RANGE[0] <= proto.seed <= SEED_RANGE[1]:
+        raise InvalidRequest(
+            "sampling.seed", f"must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (the engine seeds with 32 bits), "
+            f"got {proto.seed}"
+        )  # fmt: skip
+    if len(proto.stop) > MAX_STOP_STRINGS:
+        raise InvalidRequest("sampling.stop", f"{len(proto.stop)} stop strings, more than {MAX_STOP_STRINGS}")
     for index, stop in enumerate(proto.stop):
         if not stop:
             raise InvalidRequest(f"sampling.stop[{index}]", "must not be empty")
+        if len(stop) > MAX_STOP_CHARS:
+            raise InvalidRequest(f"sampling.stop[{index}]", f"{len(stop)} characters, more than {MAX_STOP_CHARS}")
     return Sampling(
         max_tokens=proto.max_tokens,
         temperature=temperature,
@@ -149,6 +169,12 @@ def to_prompt(request: llm_pb2.GenerateRequest, limits: PromptLimits):
     if kind == "chat":
         if not request.chat.messages:
             raise InvalidRequest("prompt.chat.messages", "is empty")
+        if limits.max_model_len and len(request.chat.messages) > limits.max_model_len:  # each is a token or more
+            raise InvalidRequest(
+                "prompt.chat.messages",
+                f"{len(request.chat.messages)} messages cannot fit the model's max length of {limits.max_model_len} "
+                "tokens (the chat template marks each with tokens of its own)",
+            )
         used = 0
         for index, message in enumerate(request.chat.messages):
             if message.role not in CHAT_ROLES:
@@ -305,7 +331,7 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
             generation = GenerationRequest(
                 request_id=request_id(request.request_id, "request_id"),
                 prompt=to_prompt(request, self.prompt_limits),
-                sampling=to_sampling(request.sampling),
+                sampling=to_sampling(request.sampling, self.prompt_limits.max_model_len),
             )
         except InvalidRequest as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))

@@ -120,8 +120,8 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
             yield chunk
 
     async def StreamingSynthesize(self, request_iterator, context) -> AsyncIterator[tts_pb2.AudioChunk]:
-        first = await anext(aiter(request_iterator), None)
         try:
+            first = await anext(aiter(request_iterator), None)  # InvalidRequest: it does not parse (malformed.py)
             if first is None or first.WhichOneof("request") != "config":
                 raise InvalidRequest("config", "the first message must carry the SynthesisConfig")
             phrases: asyncio.Queue = asyncio.Queue()
@@ -147,8 +147,11 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
         chars, queued, messages = 0, 0, 0
         try:
             async for message in request_iterator:
-                if message.WhichOneof("request") != "text":
+                kind = message.WhichOneof("request")
+                if kind == "config":
                     raise InvalidRequest("config", "sent twice: every message after the first carries text")
+                if kind is None:
+                    raise InvalidRequest("request", "a message with neither config nor text set")
                 messages += 1
                 if messages > self.config.max_text_messages:
                     raise InvalidRequest(

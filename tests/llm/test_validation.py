@@ -29,6 +29,21 @@ TEST_MAX_MODEL_LEN = 512
         ({"text": "hi", "sampling": {"max_tokens": 4, "top_p": 0.0}}, "sampling.top_p"),
         ({"text": "hi", "sampling": {"max_tokens": 4, "top_p": 1.5}}, "sampling.top_p"),
         ({"text": "hi", "sampling": {"max_tokens": 4, "stop": [""]}}, "sampling.stop[0]"),
+        ({"text": "hi", "sampling": {"max_tokens": 4, "temperature": 2.5}}, "sampling.temperature"),
+        ({"text": "hi", "sampling": {"max_tokens": 4, "temperature": float("inf")}}, "sampling.temperature"),
+        ({"text": "hi", "sampling": {"max_tokens": 4, "seed": 1 << 32}}, "sampling.seed"),
+        ({"text": "hi", "sampling": {"max_tokens": 4, "seed": -1}}, "sampling.seed"),
+        ({"text": "hi", "sampling": {"max_tokens": 4, "stop": ["x"] * 33}}, "sampling.stop: 33 stop strings"),
+        ({"text": "hi", "sampling": {"max_tokens": 4, "stop": ["x" * 1001]}}, "sampling.stop[0]: 1001 characters"),
+        ({"text": "hi", "request_id": "r" * 129}, "request_id: 129 characters"),
+        (  # more messages than tokens the model holds: refused before the template is applied
+            {"chat": llm_pb2.Chat(messages=[llm_pb2.ChatMessage(role="user")] * (TEST_MAX_MODEL_LEN + 1))},
+            "prompt.chat.messages: 513 messages",
+        ),
+        (  # no room for any prompt: refused before tokenising (under max_prompt_bytes, 64 KiB here)
+            {"text": "x" * 60_000, "sampling": {"max_tokens": TEST_MAX_MODEL_LEN}},
+            "leaves no room for a prompt",
+        ),
     ],
 )
 def test_bad_input_is_invalid_argument_naming_the_field(stub, fields, field_named):
@@ -47,6 +62,15 @@ def test_prompt_plus_max_tokens_beyond_the_model_length_says_so(stub):
     # At the limit exactly it is served.
     responses = generate(stub, token_ids=llm_pb2.TokenIds(ids=[7] * 500), sampling={"max_tokens": 12})
     assert responses[-1].completion.usage.completion_tokens <= 12
+
+
+def test_a_prompt_of_lines_without_spaces_is_refused_on_its_first_lines(stub):
+    """Lines of no spaces (a chat template of empty messages looks so) are counted on a prefix cut at a newline."""
+    lines = "\n".join(f"line{index}" for index in range(6_000))  # 46 KB: under max_prompt_bytes (64 KiB here)
+    with pytest.raises(grpc.RpcError) as error:
+        generate(stub, text=lines, sampling={"max_tokens": 4})
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "counted in its first" in error.value.details(), error.value.details()
 
 
 def _long_request(index: int) -> llm_pb2.GenerateRequest:

@@ -118,3 +118,27 @@ def test_info_reports_device_ceilings_within_physical_limits(paced):
     )
     assert 0 < ceilings.probe_s < 15
     assert info.service == "paced" and info.limits["max_streams"] == 1
+
+
+def test_a_call_past_its_deadline_is_counted_as_deadline_exceeded_and_a_cancelled_one_as_cancelled(paced):
+    def count(code: str) -> float:
+        samples = scrape_samples(paced.metrics_url)
+        try:
+            return sample_sum(samples, "voiceagent_paced_rpc_requests_total", method="Synthesize", code=code)
+        except LookupError:  # no such call yet
+            return 0.0
+
+    before = {code: count(code) for code in ("DEADLINE_EXCEEDED", "CANCELLED")}
+    with grpc.insecure_channel(paced.address) as channel:
+        stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
+        with pytest.raises(grpc.RpcError) as late:
+            list(stub.Synthesize(tts_pb2.SynthesizeRequest(text="x" * 50), timeout=0.35))  # 0.1 s per chunk
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        call = stub.Synthesize(tts_pb2.SynthesizeRequest(text="x" * 50))
+        next(call)
+        call.cancel()
+    deadline = time.monotonic() + 10
+    while count("CANCELLED") < before["CANCELLED"] + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert count("DEADLINE_EXCEEDED") == before["DEADLINE_EXCEEDED"] + 1
+    assert count("CANCELLED") == before["CANCELLED"] + 1

@@ -103,7 +103,11 @@ def _code_name(context: grpc.aio.ServicerContext, error: BaseException | None) -
     if code is None or code == grpc.StatusCode.OK:
         if error is None:
             return "OK"
-        return "CANCELLED" if isinstance(error, (GeneratorExit, asyncio.CancelledError)) else "UNKNOWN"
+        if not isinstance(error, (GeneratorExit, asyncio.CancelledError)):
+            return "UNKNOWN"
+        # gRPC cancels the handler both when the client goes away and when the call's deadline passes
+        remaining = context.time_remaining()
+        return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
     return code.name if isinstance(code, grpc.StatusCode) else str(code)
 
 

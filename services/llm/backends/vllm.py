@@ -68,14 +68,16 @@ PROBE_CHARS_PER_TOKEN = 8
 # Prompts longer than this are tokenised in a background lane (voiceagent/serving/lanes.py): a client's long prompts,
 # sent back to back, then yield the CPU to the engine and to short requests. ~1 ms of tokenising at most inline.
 LONG_PROMPT_CHARS = 4096
+CHAT_TURN_CHARS = 32  # what a chat template adds around each message's content (Qwen3's: 28 characters)
+WHITESPACE = " \n\t\r"
 ENGINE_WATCH_S = 0.5  # how often the engine core's liveness is checked while no request would notice
 
 
 def prompt_chars(prompt) -> int:
-    """Characters of a text prompt or of a chat's contents (token ids: 0)."""
+    """Characters of a text prompt or of a chat once templated (token ids: 0)."""
     if isinstance(prompt, str):
         return len(prompt)
-    return sum(len(turn.content) for turn in prompt if isinstance(turn, ChatTurn))
+    return sum(len(turn.content) + CHAT_TURN_CHARS for turn in prompt if isinstance(turn, ChatTurn))
 
 
 def longest_token_bytes(tokenizer) -> int:
@@ -334,14 +336,18 @@ class VllmGenerator:
 
     def _encode(self, text: str, room: int) -> list[int]:
         """Token ids of `text`, which may hold `room` tokens. A text far longer in characters than that is first
-        counted on a prefix that ends on a non-space just before a space: the pre-tokenizer's pieces end there in
-        the whole text too, so the prefix has no more tokens than the whole (checked on 123,527 cuts of random
-        mixed text with the Qwen3 tokenizer); past `room` there, the text is refused without tokenising the rest.
-        A prompt just under max_prompt_bytes (64 KB for max_model_len 512) took ~30 ms of tokenising before it was
-        refused, on the cores the engine uses; its prefix takes ~1 ms (results/cpu/README.md)."""
+        counted on a prefix that ends on a non-space just before whitespace: the pre-tokenizer's pieces end there
+        in the whole text too (a space, a tab, a newline: none is inside a word or a special token), so the prefix
+        has no more tokens than the whole (checked on 123,527 cuts at spaces of random mixed text with the Qwen3
+        tokenizer); past `room` there, the text is refused without tokenising the rest. A prompt just under
+        max_prompt_bytes (64 KB for max_model_len 512) took ~30 ms of tokenising before it was refused, on the
+        cores the engine uses; its prefix takes ~1 ms (results/cpu/README.md). Cut at spaces only, a text of
+        lines without spaces (a chat template of empty messages) was tokenised whole: seconds for 0.5 MB.
+        A text with no whitespace at all in the prefix is still tokenised whole (in the low-priority lane)."""
         probe = PROBE_CHARS_PER_TOKEN * max(room, 1)
         if room > 0 and len(text) > 2 * probe:
-            head = text[: max(text.rfind(" ", 0, probe), 0)].rstrip()  # its last piece ends where the whole's does
+            cut = max(text.rfind(space, 0, probe) for space in WHITESPACE)
+            head = text[: max(cut, 0)].rstrip()  # its last piece ends where the whole's does
             counted = len(self.tokenizer.encode(head, add_special_tokens=False)) if len(head) > probe // 2 else 0
             if counted > room:
                 raise InvalidRequest(
@@ -374,15 +380,19 @@ class VllmGenerator:
                 f"prompt ({prompt_len} tokens) + max_tokens ({sampling.max_tokens}) exceeds the model's "
                 f"max length of {self.max_model_len} tokens",
             )
-        params = SamplingParams(
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            stop=list(sampling.stop) or None,
-            ignore_eos=sampling.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        try:  # vLLM's own checks of what the servicer does not check itself
+            params = SamplingParams(
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=sampling.seed,
+                stop=list(sampling.stop) or None,
+                ignore_eos=sampling.ignore_eos,
+                output_kind=RequestOutputKind.DELTA,
+            )
+        except ValueError as error:  # VLLMClientError is one
+            field = getattr(error, "parameter", None)
+            raise InvalidRequest(f"sampling.{field}" if field else "sampling", str(error)) from None
         metrics.prompt_tokens.inc(prompt_len)
         try:
             prompt = engine_input(self.engine, prompt_ids)
@@ -392,27 +402,33 @@ class VllmGenerator:
         first_at = last_at = 0.0
         # Closing vLLM's generator (client gone, stream cancelled) makes vLLM abort the engine request.
         stream = self.engine.generate(prompt, params, request.request_id)
-        async with contextlib.aclosing(self._rejections_named(stream)) as outputs:
-            async for output in outputs:
-                now = time.perf_counter()
-                sample = output.outputs[0]
-                count = len(sample.token_ids)
-                before, previous_at = generated, last_at
-                if count:
-                    first_at = first_at or now
-                    generated += count
-                    last_at = now
-                completion = None
-                if output.finished:
-                    completion = self._completion(output, prompt_len, generated, received, first_at, last_at)
-                try:
-                    yield TokenDelta(sample.text, tuple(sample.token_ids), completion)
-                finally:
-                    # Accounted once the delta is sent (the consumer asks for the next one after its write):
-                    # metrics stay off the path of the token to the client.
+        finished = False
+        try:
+            async with contextlib.aclosing(self._rejections_named(stream)) as outputs:
+                async for output in outputs:
+                    now = time.perf_counter()
+                    sample = output.outputs[0]
+                    count = len(sample.token_ids)
+                    before, previous_at = generated, last_at
                     if count:
-                        cached = output.num_cached_tokens or 0
-                        self._account(prompt_len, cached, before, count, received, previous_at, now)
+                        first_at = first_at or now
+                        generated += count
+                        last_at = now
+                    completion = None
+                    if output.finished:
+                        finished = True
+                        completion = self._completion(output, prompt_len, generated, received, first_at, last_at)
+                    try:
+                        yield TokenDelta(sample.text, tuple(sample.token_ids), completion)
+                    finally:
+                        # Accounted once the delta is sent (the consumer asks for the next one after its write):
+                        # metrics stay off the path of the token to the client.
+                        if count:
+                            cached = output.num_cached_tokens or 0
+                            self._account(prompt_len, cached, before, count, received, previous_at, now)
+        finally:
+            if not finished:  # cancelled, past its deadline, or failed: vLLM aborted the engine request
+                metrics.e2e_latency.labels("abort").observe(time.perf_counter() - received)
 
     def _account(self, prompt_len, cached, before, count, received, previous_at, now) -> None:
         """Latency metrics and model work of `count` tokens that arrived at `now`, after `before` tokens."""
