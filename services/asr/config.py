@@ -54,6 +54,20 @@ class AsrConfig(ServingConfig):
             "so streams that start together step together (0 = step at once)"
         },
     )
+    max_offline_requests: int = dataclasses.field(
+        default=4,
+        metadata={
+            "help": "Recognize calls the service holds at once, running or waiting for the engine (each keeps its "
+            "clip); more get RESOURCE_EXHAUSTED"
+        },
+    )
+    stream_idle_timeout_s: float = dataclasses.field(
+        default=30.0,
+        metadata={
+            "help": "a stream that sends no message for this long ends OUT_OF_RANGE, giving back its slot (clients "
+            "send audio in real time, silence included; 0 = wait for ever)"
+        },
+    )
     max_offline_audio_s: float = dataclasses.field(
         default=120.0, metadata={"help": "longest clip one Recognize call may carry; longer is INVALID_ARGUMENT"}
     )
@@ -154,6 +168,12 @@ class AsrConfig(ServingConfig):
             "several front ends need --engine-process true and at least one stream slot each",
         )
         require(self.join_window_ms >= 0, "join_window_ms", f"must be >= 0, got {self.join_window_ms}")
+        require(
+            self.max_offline_requests >= 1, "max_offline_requests", f"must be >= 1, got {self.max_offline_requests}"
+        )
+        require(
+            self.stream_idle_timeout_s >= 0, "stream_idle_timeout_s", f"must be >= 0, got {self.stream_idle_timeout_s}"
+        )
         require(self.max_offline_audio_s > 0, "max_offline_audio_s", f"must be > 0, got {self.max_offline_audio_s}")
         require(self.offline_pass_s >= 0, "offline_pass_s", f"must be >= 0, got {self.offline_pass_s}")
         require(self.offline_slice_ms > 0, "offline_slice_ms", f"must be > 0, got {self.offline_slice_ms}")

@@ -17,7 +17,7 @@ from services.asr.backend import RecognizerBackend, StreamSettings
 from services.asr.config import AsrConfig
 from voiceagent.serving.admission import Admission
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
-from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, QueueFull, abort
+from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, QueueFull, ServiceError, StreamIdle, abort
 from voiceagent.serving.info import info_response
 from voiceagent.serving.request_ids import request_id
 from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
@@ -46,12 +46,20 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
     service_names = ("voiceagent.v1.SpeechRecognizer",)
     methods = ("StreamingRecognize", "Recognize", "GetInfo")
 
-    def __init__(self, config: AsrConfig, backend: RecognizerBackend | None = None, admission: Admission | None = None):
+    def __init__(
+        self,
+        config: AsrConfig,
+        backend: RecognizerBackend | None = None,
+        admission: Admission | None = None,
+        offline_admission: Admission | None = None,
+    ):
         self.config = config
         self.dtype = config.dtype  # the device ceilings' matmul peak is measured in it
         self.backend = backend
         self.ceilings: DeviceCeilings = UNMEASURED
-        self.admission = admission or Admission(config.max_streams)  # shared by a pod's front ends
+        # Streams and Recognize calls, each counted for the pod when its front ends share them (frontends.py)
+        self.admission = admission or Admission(config.max_streams)
+        self.offline_admission = offline_admission or Admission(config.max_offline_requests)
         self.ready = False
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
@@ -111,8 +119,20 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
                 "split the clip or stream it with StreamingRecognize",
             )
 
+    async def _next(self, requests: AsyncIterator):
+        """The stream's next message (None at its end); StreamIdle once none came for stream_idle_timeout_s."""
+        idle_s = self.config.stream_idle_timeout_s
+        try:
+            async with asyncio.timeout(idle_s or None):
+                return await anext(requests, None)
+        except TimeoutError:
+            raise StreamIdle(
+                f"no message for {idle_s:g} s (stream_idle_timeout_s): send audio in real time, silence included, "
+                "or half-close the stream"
+            ) from None
+
     async def _audio(self, requests: AsyncIterator, encoding: int) -> AsyncIterator[np.ndarray]:
-        async for request in requests:
+        while (request := await self._next(requests)) is not None:
             kind = request.WhichOneof("request")
             if kind == "config":
                 raise InvalidRequest("config", "only the first message may be a config; the rest must be audio")
@@ -129,8 +149,8 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
         await self._require_ready(context)
         requests = aiter(request_iterator)
         try:
-            first = await anext(requests, None)
-        except InvalidRequest as exc:  # a message that does not parse (voiceagent/serving/malformed.py)
+            first = await self._next(requests)
+        except ServiceError as exc:  # idle, or a message that does not parse (voiceagent/serving/malformed.py)
             await abort(context, exc)
         if first is None or first.WhichOneof("request") != "config":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "config must come first: send a config message")
@@ -154,7 +174,7 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
                     encoder_frames=update.encoder_frames,
                     batch_size=update.batch_size,
                 )
-        except (InvalidRequest, EngineUnavailable) as exc:
+        except ServiceError as exc:  # bad or idle input, the engine gone
             await abort(context, exc)
         finally:
             self.admission.leave()
@@ -169,10 +189,15 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
             audio = decode_audio(request.audio, request.config.encoding)
         except InvalidRequest as exc:
             await abort(context, exc)
+        if not self.offline_admission.try_enter():
+            limit = self.config.max_offline_requests
+            await abort(context, QueueFull(f"max_offline_requests: {limit} Recognize calls are in; retry later"))
         try:
             result = await self.backend.transcribe(settings, audio)
         except EngineUnavailable as exc:
             await abort(context, exc)
+        finally:
+            self.offline_admission.leave()
         return asr_pb2.RecognizeResponse(
             request_id=settings.request_id,
             transcript=result.transcript,

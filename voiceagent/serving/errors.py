@@ -7,6 +7,7 @@ ends the call with.
   code's name (an upstream server's 429 is RESOURCE_EXHAUSTED, say).
 - `EngineUnavailable(message)`: the engine is gone or not there yet (UNAVAILABLE); the client may retry.
 - `QueueFull(message)`: admission refused, every slot and queue place taken (RESOURCE_EXHAUSTED).
+- `StreamIdle(message)`: a client stream went quiet past the service's idle timeout (OUT_OF_RANGE).
 
 A servicer ends a call with `await abort(context, error)`.
 """
@@ -30,6 +31,13 @@ class InvalidRequest(ServiceError, ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+class StreamIdle(ServiceError):
+    """A client stream sent nothing for longer than the service waits, while holding what others could use (a
+    slot): OUT_OF_RANGE, as Google's Speech-to-Text ends a stream whose audio stopped coming."""
+
+    status = "OUT_OF_RANGE"
 
 
 class EngineFailure(ServiceError, RuntimeError):

@@ -7,7 +7,7 @@ the engine process serves every socket's streams from the same batching loops, s
 different front ends still step together. Metric calls of the engine go to front end 0 (the supervisor merges
 the front ends' registries). The front ends admit streams against one counter of `--max-streams` shared by the pod
 (voiceagent/serving/admission.py), so together they never admit more streams than the engine has cache slots, and
-none refuses while the pod has room.
+none refuses while the pod has room; Recognize calls count against `--max-offline-requests` the same way.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class AsrEngineLauncher:
         for _ours, theirs in pairs:
             theirs.close()
         log.info("ASR engine process %d started for %d front ends", self.process.pid, frontends)
-        admitted = shared_counter()  # streams in the pod, whichever front end took them
-        return [(ours, admitted) for ours, _theirs in pairs]
+        streams, offline = shared_counter(), shared_counter()  # in the pod, whichever front end took them
+        return [(ours, streams, offline) for ours, _theirs in pairs]
 
     def failure(self) -> str:
         if self.process is None or self.process.exitcode is None:
@@ -61,8 +61,13 @@ class AsrEngineLauncher:
 
 def frontend_service(config: AsrConfig, handle: tuple[socket.socket, Any], index: int, count: int) -> AsrService:
     """A front end's service (voiceagent.serving.frontends calls it in the spawned process)."""
-    sock, admitted = handle
-    return AsrService(config, EngineProcess(config, attached=sock), Admission(config.max_streams, admitted))
+    sock, streams, offline = handle
+    return AsrService(
+        config,
+        EngineProcess(config, attached=sock),
+        Admission(config.max_streams, streams),
+        Admission(config.max_offline_requests, offline),
+    )
 
 
 def serve_frontends(config: AsrConfig) -> None:
