@@ -90,6 +90,13 @@ class TtsConfig(ServingConfig):
         default=8, metadata={"help": "requests that may wait for a worker or slot; more get RESOURCE_EXHAUSTED"}
     )
     max_text_chars: int = dataclasses.field(default=2000, metadata={"help": "longest text one request may carry"})
+    stream_idle_timeout_s: float = dataclasses.field(
+        default=30.0,
+        metadata={
+            "help": "text-in streaming: a request whose engine has waited this long for its next text ends "
+            "OUT_OF_RANGE, giving back its slot (send text as it comes and half-close at the end; 0 = wait for ever)"
+        },
+    )
     max_text_messages: int = dataclasses.field(
         default=1000, metadata={"help": "text-in streaming: most text messages one request may send"}
     )
@@ -142,6 +149,9 @@ class TtsConfig(ServingConfig):
         require(self.workers >= 1, "workers", f"must be >= 1, got {self.workers}")
         require(self.threads_per_worker >= 1, "threads_per_worker", f"must be >= 1, got {self.threads_per_worker}")
         require(self.max_queue >= 0, "max_queue", f"must be >= 0, got {self.max_queue}")
+        require(
+            self.stream_idle_timeout_s >= 0, "stream_idle_timeout_s", f"must be >= 0, got {self.stream_idle_timeout_s}"
+        )
         require(self.max_text_messages >= 1, "max_text_messages", f"must be >= 1, got {self.max_text_messages}")
         require(self.max_text_chars >= 1, "max_text_chars", f"must be >= 1, got {self.max_text_chars}")
         low, high = TIMESTEPS_RANGE

@@ -8,11 +8,18 @@ full stops without whitespace, or at the last space before `max_chars` when no p
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _BOUNDARY = re.compile(
     r"(?P<sentence>[.!?;:…]+[\"'”’)\]]*(?=\s)|[。！？；]+)"  # sentence ends
     r"|(?P<clause>[,—–]+(?=\s)|[，、]+)"  # clause ends
 )
+
+
+def speakable(text: str) -> bool:
+    """Whether `text` has anything to say: a letter, digit, mark or symbol, not only whitespace, punctuation,
+    zero-width or control characters (which `str.strip` leaves in place)."""
+    return any(unicodedata.category(char)[0] in "LNMS" for char in text)
 
 
 class PhraseSplitter:

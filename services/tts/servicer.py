@@ -14,9 +14,9 @@ import grpc
 from services.tts.backend import SpeechBackend, SynthesisRequest
 from services.tts.config import CFG_RANGE, NATIVE_SAMPLE_RATE_HZ, OUTPUT_SAMPLE_RATES_HZ, TIMESTEPS_RANGE, TtsConfig
 from services.tts.metrics import measure_synthesis
-from services.tts.phrases import PhraseSplitter
+from services.tts.phrases import PhraseSplitter, speakable
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
-from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, ServiceError, abort
+from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, ServiceError, StreamIdle, abort
 from voiceagent.serving.info import info_response
 from voiceagent.serving.request_ids import request_id
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
@@ -38,6 +38,7 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
         self.backend = backend
         self.dtype = config.resolved_dtype  # the device ceilings' matmul peak is measured in it
         self.ceilings: DeviceCeilings = UNMEASURED
+        self.ready = False
 
     # -- runtime lifecycle -------------------------------------------------
     def add_to_server(self, server: grpc.aio.Server) -> None:
@@ -58,6 +59,11 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
     async def start(self, ceilings: DeviceCeilings) -> None:
         self.ceilings = ceilings
         await self.backend.start()
+        self.ready = True
+
+    async def _require_ready(self, context) -> None:
+        if not self.ready:  # the port is open while the model loads; health says NOT_SERVING meanwhile
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading; retry when SERVING")
 
     async def stop(self) -> None:
         await self.backend.stop()
@@ -108,10 +114,11 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
         async def whole_text():
             yield request.text
 
+        await self._require_ready(context)
         try:
             self._check_text_length(len(request.text))  # first: the length alone, before touching the text
-            if not request.text.strip():
-                raise InvalidRequest("text", "must not be empty")
+            if not speakable(request.text):
+                raise InvalidRequest("text", "must not be empty (it has no letter, digit, mark or symbol to speak)")
             self._check_fits(request.text)  # the whole text is one segment
             synthesis = self._request(request.config, whole_text())
         except InvalidRequest as exc:
@@ -120,12 +127,13 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
             yield chunk
 
     async def StreamingSynthesize(self, request_iterator, context) -> AsyncIterator[tts_pb2.AudioChunk]:
+        await self._require_ready(context)
         try:
             first = await anext(aiter(request_iterator), None)  # InvalidRequest: it does not parse (malformed.py)
             if first is None or first.WhichOneof("request") != "config":
                 raise InvalidRequest("config", "the first message must carry the SynthesisConfig")
             phrases: asyncio.Queue = asyncio.Queue()
-            synthesis = self._request(first.config, self._phrases(phrases))
+            synthesis = self._request(first.config, self._phrases(phrases, self.config.stream_idle_timeout_s))
         except InvalidRequest as exc:
             await abort(context, exc)
         reader = asyncio.create_task(self._read_text(request_iterator, phrases))
@@ -138,6 +146,7 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
                 await reader
 
     async def GetInfo(self, request, context):
+        await self._require_ready(context)
         return info_response(self.name, self.backend.facts(), self.ceilings, self.backend.limits())
 
     # -- text-in streaming -------------------------------------------------
@@ -162,14 +171,8 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
                 ready = splitter.feed(message.text.text)
                 if message.text.flush:
                     ready += splitter.flush()
-                for phrase in ready:
-                    self._check_fits(phrase, f"text (phrase {queued})")
-                    phrases.put_nowait(phrase)
-                    queued += 1
-            for phrase in splitter.flush():
-                self._check_fits(phrase, f"text (phrase {queued})")
-                phrases.put_nowait(phrase)
-                queued += 1
+                queued += self._queue(ready, phrases, queued)
+            queued += self._queue(splitter.flush(), phrases, queued)
             if not queued:
                 raise InvalidRequest("text", "must not be empty: the stream ended without text")
             phrases.put_nowait(None)
@@ -177,9 +180,31 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
             phrases.put_nowait(exc)
             raise
 
+    def _queue(self, ready: list[str], phrases: asyncio.Queue, queued: int) -> int:
+        """Queue the phrases with something to say (a lone "." or a zero-width space is skipped, not spoken as
+        a segment of noise); how many."""
+        count = 0
+        for phrase in filter(speakable, ready):
+            self._check_fits(phrase, f"text (phrase {queued + count})")
+            phrases.put_nowait(phrase)
+            count += 1
+        return count
+
     @staticmethod
-    async def _phrases(phrases: asyncio.Queue) -> AsyncIterator[str]:
-        while (item := await phrases.get()) is not None:
+    async def _phrases(phrases: asyncio.Queue, idle_s: float) -> AsyncIterator[str]:
+        """The phrases as the engine asks for them; StreamIdle once it has waited `idle_s` for the next (it holds a
+        slot meanwhile: a client that stops sending text without half-closing would hold it for ever)."""
+        while True:
+            try:
+                async with asyncio.timeout(idle_s or None):
+                    item = await phrases.get()
+            except TimeoutError:
+                raise StreamIdle(
+                    f"no text for {idle_s:g} s while the engine waited for it (stream_idle_timeout_s): send text as "
+                    "it comes and half-close the stream at its end"
+                ) from None
+            if item is None:
+                return
             if isinstance(item, Exception):
                 raise item
             yield item

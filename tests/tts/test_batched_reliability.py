@@ -18,13 +18,15 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.harness import child_processes, running_service, sample_sum, scrape_samples, venv_python
+from tests.harness import child_processes, running_service, sample_sum, scrape_samples, start_service, venv_python
 from tests.tts.conftest import collect, synthesize
 from tests.tts.test_reliability import MAX_TEXT_CHARS, MAX_TEXT_MESSAGES, assert_hostile_text_does_not_delay
-from voiceagent.v1 import tts_pb2, tts_pb2_grpc
+from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
 ARGS = ["--preset", "tiny", "--backend", "batched", "--max-batch", "4", "--max-queue", "4", "--probe-ceilings", "false"]
 ARGS += ["--max-text-chars", str(MAX_TEXT_CHARS), "--max-text-messages", str(MAX_TEXT_MESSAGES)]
+IDLE_S = 3.0
+ARGS += ["--stream-idle-timeout-s", str(IDLE_S)]  # no other test here leaves a text-in stream quiet that long
 LONG_TEXT = "This request speaks for a long while so that it is still going when we act on it. " * 3
 
 
@@ -70,6 +72,66 @@ def test_a_deadline_frees_the_slot_and_stops_the_engine_for_it(stub, tts):
     assert gauge(tts, "voiceagent_tts_patches_total") - before == made, "patches were still made for no one"
     assert made < 0.4 * len(LONG_TEXT), "the engine spoke the whole text for a client that was gone"
     assert synthesize(stub, "Free again.", seed=2).chunks[-1].is_last
+
+
+def test_clients_that_stop_reading_do_not_hold_the_slots(stub, tts):
+    """Every slot taken by a client that read one chunk and then stopped reading (without cancelling): once the
+    engine has spoken their texts the slots are free, and a new request is served."""
+    # ~500 characters each: more audio than gRPC's flow-control windows take in before the server's writes wait
+    calls = [stub.Synthesize(tts_pb2.SynthesizeRequest(text="word " * 99), timeout=120) for _ in range(4)]
+    try:
+        for call in calls:
+            next(call)
+        assert wait_for(lambda: gauge(tts, "voiceagent_tts_busy_workers") == 0, 60), "stalled readers held slots"
+        assert synthesize(stub, "Still served.", seed=3).chunks[-1].is_last
+    finally:
+        for call in calls:
+            call.cancel()
+
+
+def test_a_quiet_text_stream_ends_out_of_range_and_frees_its_slot(stub, tts):
+    """A text-in stream that sent one phrase and then neither text nor its end: once the engine has waited
+    --stream-idle-timeout-s for more, the call ends OUT_OF_RANGE and the slot is free."""
+
+    def quiet():
+        yield tts_pb2.StreamingSynthesizeRequest(config=tts_pb2.SynthesisConfig(seed=4))
+        yield tts_pb2.StreamingSynthesizeRequest(text=tts_pb2.TextPiece(text="Hello there. ", flush=True))
+        time.sleep(4 * IDLE_S)
+
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as ended:
+        collect(stub.StreamingSynthesize(quiet(), timeout=60))
+    assert ended.value.code() == grpc.StatusCode.OUT_OF_RANGE, ended.value
+    assert "stream_idle_timeout_s" in ended.value.details()
+    assert time.monotonic() - started < 3 * IDLE_S
+    assert wait_for(lambda: gauge(tts, "voiceagent_tts_busy_workers") == 0, 10)
+
+
+def test_calls_before_the_engine_has_loaded_are_unavailable():
+    """The port opens while the model loads: every call then gets UNAVAILABLE saying so, never UNKNOWN."""
+    service = start_service("services.tts", venv_python("tts"), ["--preset", "tiny", "--probe-ceilings", "true"])
+    answered = []  # (code, details) of every call the server itself answered before it was ready
+    try:
+        with grpc.insecure_channel(service.address) as channel:
+            stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
+            calls = (
+                lambda: stub.GetInfo(common_pb2.InfoRequest(), timeout=5),
+                lambda: collect(stub.Synthesize(tts_pb2.SynthesizeRequest(text="Hi."), timeout=5)),
+            )
+            deadline, ready = time.monotonic() + 120, False
+            while not ready and time.monotonic() < deadline:
+                for call in calls:
+                    try:
+                        call()
+                        ready = True
+                    except grpc.RpcError as error:
+                        if "failed to connect" not in (error.details() or ""):  # the port is not open yet
+                            answered.append((error.code(), error.details()))
+                time.sleep(0.05)
+    finally:
+        service.terminate()
+    assert answered, "no call was answered before the engine was ready"
+    assert all(code == grpc.StatusCode.UNAVAILABLE and "still loading" in details for code, details in answered)
 
 
 def test_a_dead_engine_fails_open_streams_with_unavailable_and_the_service_exits_non_zero(stub, tts):

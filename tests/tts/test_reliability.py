@@ -86,6 +86,15 @@ def test_every_text_limit_is_invalid_argument_naming_it(stub):
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and f"max_text_chars {MAX_TEXT_CHARS}" in error.details()
 
 
+@pytest.mark.parametrize("text", ["\u200b\u200d", "\x00\x07", ". . . !"], ids=["zero-width", "control", "punctuation"])
+def test_text_with_nothing_to_say_is_invalid_argument(stub, text):
+    """Nothing but zero-width, control or punctuation characters (str.strip keeps the first two): not spoken."""
+    error = refused(stub.Synthesize(tts_pb2.SynthesizeRequest(text=text)))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "text: must not be empty" in error.details()
+    error = refused(stub.StreamingSynthesize(iter([config_message(), text_message(text)])))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "text: must not be empty" in error.details()
+
+
 def hostile_client_ready(_: int) -> int:
     """Run in each hostile client process before measuring: by then it has imported this module (torch, through
     the conftest: seconds of CPU that would otherwise land in the measured window)."""

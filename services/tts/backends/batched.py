@@ -160,7 +160,7 @@ class BatchedBackend:
 
     def _record_step(self, step: Stepped) -> None:
         self.metrics.batch_requests.observe(step.requests)
-        self.metrics.step_batch.set(step.requests)
+        self.metrics.step_batch.set(step.requests if self.in_flight else 0)  # a step reported after the last left
         self.metrics.step_seconds.observe(step.seconds)
         if step.prefill_seconds:
             self.metrics.prefill_seconds.observe(step.prefill_seconds)
@@ -193,42 +193,67 @@ class BatchedBackend:
         finally:
             self.in_flight -= 1
             self.metrics.busy_workers.set(self.in_flight)
+            if not self.in_flight:
+                self.metrics.step_batch.set(0)  # at rest: no step advances anyone
             self.slots.release()
 
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioPiece]:
+        """The request's audio, patch by patch. Its engine work runs in a task of its own that holds the slot
+        while the engine speaks and hands the pieces over as they come: a client that reads slowly or stops
+        reading then holds its audio (bounded by max_text_chars), never the slot. (Holding the slot until the
+        client had read everything let two stalled readers keep every other request out.)"""
         if self.failure:
             raise RuntimeError(self.failure)
-        segments = aiter(request.segments)
-        text = await anext(segments, None)
-        if text is None:
-            return
-        formatter = AudioFormatter(self._facts.shape["sample_rate"], request.sample_rate_hz, request.pcm16)
-        async with self._slot() as queue_s:
-            request_id = next(self.ids)
-            self.inboxes[request_id] = inbox = asyncio.Queue()
-            self.channel.send(Join(request_id, request.seed, request.inference_timesteps, request.cfg_value))
-            index, generation_s = 0, 0.0
-            try:
-                while text is not None:
-                    started = time.perf_counter()
-                    self.channel.send(Speak(request_id, index, text))
-                    while not isinstance(message := await inbox.get(), SegmentDone):
-                        if isinstance(message, Failed) and message.request_id == -1:  # the engine died
-                            raise WorkerDiedError(message.message)
-                        if isinstance(message, Failed) and message.invalid:
-                            raise UnfitTextError(message.message)
-                        if isinstance(message, Failed):
-                            raise RuntimeError(f"TTS engine: {message.message}")
-                        if message.waited_steps:
-                            self.metrics.first_patch_steps.observe(message.waited_steps)
-                        audio, samples = formatter.convert(message.audio)
-                        yield AudioPiece(audio, samples, index, 1, queue_s)
-                    generation_s += time.perf_counter() - started
-                    text = await anext(segments, None)
-                    index += 1
-            finally:
-                del self.inboxes[request_id]
-                if not self.failure:
-                    self.channel.send(Leave(request_id))
-        tail, samples = formatter.flush()
-        yield AudioPiece(tail, samples, index - 1, 0, queue_s, is_last=True, generation_s=generation_s)
+        pieces: asyncio.Queue = asyncio.Queue()
+        speaking = asyncio.create_task(self._speak(request, pieces))
+        try:
+            while (piece := await pieces.get()) is not None:
+                if isinstance(piece, BaseException):
+                    raise piece
+                yield piece
+        finally:
+            speaking.cancel()  # the client left, or the request failed: the slot is given back at once
+            with contextlib.suppress(asyncio.CancelledError):
+                await speaking
+
+    async def _speak(self, request: SynthesisRequest, pieces: asyncio.Queue) -> None:
+        """Every segment of `request` in one engine slot, its pieces into `pieces`; then None (or the error)."""
+        try:
+            segments = aiter(request.segments)
+            text = await anext(segments, None)
+            if text is None:
+                pieces.put_nowait(None)
+                return
+            formatter = AudioFormatter(self._facts.shape["sample_rate"], request.sample_rate_hz, request.pcm16)
+            async with self._slot() as queue_s:
+                request_id = next(self.ids)
+                self.inboxes[request_id] = inbox = asyncio.Queue()
+                self.channel.send(Join(request_id, request.seed, request.inference_timesteps, request.cfg_value))
+                index, generation_s = 0, 0.0
+                try:
+                    while text is not None:
+                        started = time.perf_counter()
+                        self.channel.send(Speak(request_id, index, text))
+                        while not isinstance(message := await inbox.get(), SegmentDone):
+                            if isinstance(message, Failed) and message.request_id == -1:  # the engine died
+                                raise WorkerDiedError(message.message)
+                            if isinstance(message, Failed) and message.invalid:
+                                raise UnfitTextError(message.message)
+                            if isinstance(message, Failed):
+                                raise RuntimeError(f"TTS engine: {message.message}")
+                            if message.waited_steps:
+                                self.metrics.first_patch_steps.observe(message.waited_steps)
+                            audio, samples = formatter.convert(message.audio)
+                            pieces.put_nowait(AudioPiece(audio, samples, index, 1, queue_s))
+                        generation_s += time.perf_counter() - started
+                        text = await anext(segments, None)
+                        index += 1
+                finally:
+                    del self.inboxes[request_id]
+                    if not self.failure:
+                        self.channel.send(Leave(request_id))
+            tail, samples = formatter.flush()
+            pieces.put_nowait(AudioPiece(tail, samples, index - 1, 0, queue_s, is_last=True, generation_s=generation_s))
+            pieces.put_nowait(None)
+        except Exception as exc:  # QueueFull, bad text read mid-stream, the engine's failure: the reader raises it
+            pieces.put_nowait(exc)
