@@ -221,7 +221,7 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
         index, offset = 0, 0
         try:
             async with contextlib.aclosing(measure_synthesis(self.backend, request, method, text_error)) as pieces:
-                async for piece in pieces:
+                async for piece in pieces if text_reader is None else _until_failed(pieces, text_reader):
                     yield tts_pb2.AudioChunk(
                         request_id=request.request_id,
                         audio=piece.audio,
@@ -243,3 +243,25 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
             await abort(context, exc)
         except RuntimeError as exc:  # a worker failed
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+
+
+async def _until_failed(pieces: AsyncIterator, reader: asyncio.Task) -> AsyncIterator:
+    """`pieces`, cut short by the text reader's error the moment it fails: a request still waiting for a slot (or
+    for its audio) leaves at once, instead of keeping its queue place and then a slot until its next piece."""
+    while not reader.done():
+        step = asyncio.ensure_future(anext(pieces))
+        await asyncio.wait({step, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if not step.done():  # the reader ended first: an error ends the request, the text's end changes nothing
+            if not reader.cancelled() and (error := reader.exception()) is not None:
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                    await step
+                raise error
+            await asyncio.wait({step})
+        try:
+            piece = step.result()
+        except StopAsyncIteration:
+            return
+        yield piece
+    async for piece in pieces:
+        yield piece

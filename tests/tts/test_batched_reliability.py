@@ -20,7 +20,14 @@ from grpc_health.v1 import health_pb2
 
 from tests.harness import child_processes, running_service, sample_sum, scrape_samples, start_service, venv_python
 from tests.tts.conftest import collect, synthesize
-from tests.tts.test_reliability import MAX_TEXT_CHARS, MAX_TEXT_MESSAGES, assert_hostile_text_does_not_delay
+from tests.tts.test_reliability import (
+    MAX_TEXT_CHARS,
+    MAX_TEXT_MESSAGES,
+    assert_hostile_text_does_not_delay,
+    config_message,
+    refused,
+    text_message,
+)
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
 ARGS = ["--preset", "tiny", "--backend", "batched", "--max-batch", "4", "--max-queue", "4", "--probe-ceilings", "false"]
@@ -84,6 +91,23 @@ def test_clients_that_stop_reading_do_not_hold_the_slots(stub, tts):
             next(call)
         assert wait_for(lambda: gauge(tts, "voiceagent_tts_busy_workers") == 0, 60), "stalled readers held slots"
         assert synthesize(stub, "Still served.", seed=3).chunks[-1].is_last
+    finally:
+        for call in calls:
+            call.cancel()
+
+
+def test_a_text_stream_found_invalid_while_queued_leaves_the_queue_at_once(stub, tts):
+    """Every slot busy; a text-in stream whose text breaks a limit is refused while it waits for a slot (before,
+    it kept its queue place, and then took a slot and a prefill, until a slot came free)."""
+    calls = [stub.Synthesize(tts_pb2.SynthesizeRequest(text="word " * 99), timeout=120) for _ in range(4)]
+    try:
+        for call in calls:
+            next(call)
+        too_many = [config_message(), *[text_message("Hi. ")] * (MAX_TEXT_MESSAGES + 1)]
+        error = refused(stub.StreamingSynthesize(iter(too_many), timeout=60))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_text_messages" in error.details()
+        assert gauge(tts, "voiceagent_tts_busy_workers") == 4, "refused only once a slot came free"
+        assert gauge(tts, "voiceagent_tts_queued_requests") == 0
     finally:
         for call in calls:
             call.cancel()
