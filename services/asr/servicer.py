@@ -24,10 +24,13 @@ from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
 
 SAMPLE_RATE_HZ = 16000
 _SAMPLE_BYTES = {common_pb2.AUDIO_ENCODING_PCM16: 2, common_pb2.AUDIO_ENCODING_FLOAT32: 4}
+# Full scale is ±1; float audio overshoots it a little (a gain, a resampler's ringing) and is accepted as it is. Far
+# past it is not audio in this convention: PCM16 values sent as FLOAT32, or garbage.
+MAX_FLOAT32_MAGNITUDE = 4.0
 
 
 def decode_audio(payload: bytes, encoding: int) -> np.ndarray:
-    """16 kHz mono samples as float32 in [-1, 1]; InvalidRequest says what is wrong with a payload."""
+    """16 kHz mono samples as float32 (full scale ±1); InvalidRequest says what is wrong with a payload."""
     width = _SAMPLE_BYTES[encoding]
     if len(payload) % width:
         name = common_pb2.AudioEncoding.Name(encoding)
@@ -36,8 +39,12 @@ def decode_audio(payload: bytes, encoding: int) -> np.ndarray:
         return np.frombuffer(payload, dtype="<i2").astype(np.float32) / 32768.0
     samples = np.frombuffer(payload, dtype="<f4").astype(np.float32)
     peak = np.abs(samples).max() if samples.size else 0.0
-    if not peak <= 1.0:  # NaN fails this too
-        raise InvalidRequest("audio", f"FLOAT32 samples must be finite and within [-1, 1] (found {peak})")
+    if not peak <= MAX_FLOAT32_MAGNITUDE:  # NaN fails this too
+        raise InvalidRequest(
+            "audio",
+            f"FLOAT32 samples must be finite and within ±{MAX_FLOAT32_MAGNITUDE:g} (full scale is ±1; found {peak}: "
+            "PCM16 values sent as FLOAT32?)",
+        )
     return samples
 
 

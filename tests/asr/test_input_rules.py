@@ -37,7 +37,7 @@ def _status(service, messages) -> grpc.RpcError:
         ([Audio(config=config(320)), Audio(audio=np.array([np.nan], "<f4").tobytes())], "finite"),
         ([Audio(config=config(320)), Audio(config=config(320))], "only the first message may be a config"),
         ([Audio(config=config(320)), Audio()], "neither config nor audio"),
-        ([Audio(config=config(320)), Audio(audio=np.array([0.5, -2.0], "<f4").tobytes())], "within [-1, 1]"),
+        ([Audio(config=config(320)), Audio(audio=np.array([0.5, -1200.0], "<f4").tobytes())], "PCM16 values"),
         ([Audio(config=config(320, request_id="x" * 129))], "config.request_id: 129 characters"),
     ],
     ids=[

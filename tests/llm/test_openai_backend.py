@@ -199,7 +199,9 @@ def test_cancelling_the_call_cancels_the_upstream_request(vllm_serve, remote):
 
 def test_an_upstream_rejection_is_invalid_argument_with_its_message(remote):
     with pytest.raises(grpc.RpcError) as caught:
-        generate(remote, text="hello", sampling={"max_tokens": 600})  # over the 512-token model length
+        # ~600 prompt tokens, over the 512-token model length: only the upstream, which tokenises, can tell
+        # (a max_tokens over it is refused before the request leaves: tests/llm/test_validation.py)
+        generate(remote, text="hello " * 600, sampling={"max_tokens": 8})
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "HTTP 400" in caught.value.details() and "512" in caught.value.details(), caught.value.details()
 
