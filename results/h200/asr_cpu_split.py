@@ -10,7 +10,10 @@ the wall time spent stepping. Used on the lent H200, where the service carried f
 `--service-args` adds service flags (e.g. "--step-policy clocked --frontends 4 --graph-chunks 320"); with front ends
 the service is several processes, so each level also prints every process under the service's: its CPU-s/s, that
 of its busiest thread (named) and that of its main thread, which runs its event loop. `--py-spy DIR` records each
-of those processes with py-spy (raw, folded stacks) during each level, into DIR/<streams>_<pid>.txt.
+of those processes with py-spy (raw, folded stacks) during each level, into DIR/<streams>_<pid>.txt. `--paced` runs
+real-time streams instead (bench-asr --paced: a piece sent when its last sample is due, starts spread over one period)
+and reports per-chunk latency p95 over the chunk; each process's line also gives its CPU per stream-step (the
+service's stream-steps of the level), which does not depend on how many steps the clients' pace allowed.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from services.asr.benchmark import EngineDirect, clip_seconds, service_rtf, start_asr_service
+from services.asr.benchmark import EngineDirect, clip_seconds, probe_value, service_results, start_asr_service
 from voiceagent.serving.launcher import child_processes, proc_stat, sample_sum, scrape_samples
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -87,16 +90,17 @@ def step_totals(metrics_url: str) -> tuple[float, float, float]:
     )
 
 
-def _client(address: str, chunk_ms: int, streams: int, seconds: float, go, results) -> None:
-    """One client process: waits for `go` (imports done), runs its streams, reports (RTF, its CPU-s)."""
+def _client(address: str, chunk_ms: int, streams: int, seconds: float, paced: bool, go, results) -> None:
+    """One client process: waits for `go` (imports done), runs its streams, reports (its RTFs, or with `paced` its
+    partials' latencies; its CPU-s)."""
     go.wait()
     cpu = time.process_time()
     try:
-        rtf = asyncio.run(service_rtf(address, chunk_ms, streams, seconds))
+        values = asyncio.run(service_results(address, chunk_ms, streams, seconds, paced=paced))
     except Exception as error:  # a refused or failed stream: the level reports it instead of waiting for ever
         print(f"client of {streams} streams failed: {error!r}"[:300], flush=True)
-        rtf = math.nan
-    results.put((rtf, time.process_time() - cpu))
+        values = [math.nan]
+    results.put((values, time.process_time() - cpu))
 
 
 def main() -> None:
@@ -113,6 +117,11 @@ def main() -> None:
     parser.add_argument("--engine-direct", action="store_true", help="first, NeMo driven directly at each N")
     parser.add_argument("--service-args", default="", help="extra service flags (one string)")
     parser.add_argument("--py-spy", default="", help="a folder: py-spy records of every service process per level")
+    parser.add_argument(
+        "--paced",
+        action="store_true",
+        help="real-time streams (bench-asr --paced): the level's value is per-chunk latency p95 / the chunk, not RTF",
+    )
     args = parser.parse_args()
     # slots for twice the largest N: each front end admits its share, and clients' channels may not spread evenly
     limit = 2 * max(int(n) for n in args.streams.split(","))
@@ -145,8 +154,9 @@ def main() -> None:
         print(f"server pid {server}, engine pids {engines}; chunk {args.chunk_ms} ms, clips {seconds} s", flush=True)
         for pid in tree:
             print(f"  process {pid}: {role(pid)}", flush=True)
+        value = "p95/chunk" if args.paced else "RTF"
         print(
-            "streams | clients | RTF  | wall s | gRPC proc CPU-s/s | gRPC main thread | engine proc | clients "
+            f"streams | clients | {value} | wall s | gRPC proc CPU-s/s | gRPC main thread | engine proc | clients "
             "| steps | streams/step | ms per step | stepping share of wall"
         )
         context = multiprocessing.get_context("spawn")
@@ -161,6 +171,7 @@ def main() -> None:
                             args.chunk_ms,
                             streams // clients + (i < streams % clients),
                             seconds,
+                            args.paced,
                             go,
                             results,
                         ),
@@ -211,8 +222,9 @@ def main() -> None:
                 steps, stepped, stepping = (a - b for a, b in zip(now, steps_before, strict=True))
                 for worker in workers:
                     worker.join()
-                rtfs = [rtf for rtf, _ in reports]
-                worst = math.nan if any(math.isnan(rtf) for rtf in rtfs) else max(rtfs)  # nan: a client failed
+                values = [value for share, _ in reports for value in share]
+                failed = any(math.isnan(value) for value in values)
+                worst = math.nan if failed else probe_value(values, args.chunk_ms, args.paced)
                 client_cpu = sum(cpu for _, cpu in reports)
                 used = [(a - b) / wall for a, b in zip(after, before, strict=True)]
                 print(
@@ -229,9 +241,12 @@ def main() -> None:
                     used_by = {name: (cpu - before_threads.get(name, 0.0)) / wall for name, cpu in threads.items()}
                     busiest = max(used_by, key=used_by.get)
                     main_thread = next((name for name in used_by if name.split()[0] == str(pid)), busiest)
+                    per_step = 1e6 * wall / max(stepped, 1)  # us of CPU per stream-step, per CPU-s/s
                     print(
                         f"    pid {pid} ({role(pid)}): {(total - before_total) / wall:.2f} CPU-s/s, busiest thread "
-                        f"{busiest} {used_by[busiest]:.2f}, main thread (event loop) {used_by[main_thread]:.2f}",
+                        f"{busiest} {used_by[busiest]:.2f}, main thread (event loop) {used_by[main_thread]:.2f}; "
+                        f"per stream-step: {(total - before_total) / wall * per_step:.0f} us, main thread "
+                        f"{used_by[main_thread] * per_step:.0f} us",
                         flush=True,
                     )
     finally:

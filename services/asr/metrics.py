@@ -63,6 +63,18 @@ FORWARDED = (
     "audio_processed", "padded_rows", "offline_requests",
 )  # fmt: skip
 
+
+def observe_all(histogram, values) -> None:
+    """`histogram.observe(value)` for each value. In the engine process the histogram stands in for the gRPC
+    process's (backends/engine_process.py), and the values travel as one message, not one per value."""
+    forwarded = getattr(histogram, "forward_observations", None)
+    if forwarded is not None:
+        forwarded(values)
+        return
+    for value in values:
+        histogram.observe(value)
+
+
 for _chunk in CHUNK_MS:
     for _metric in (chunk_processing, final_latency, active_streams, step_batch, step_duration):
         _metric.labels(_chunk)

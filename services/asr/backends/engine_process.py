@@ -27,6 +27,7 @@ import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -54,7 +55,11 @@ from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.lifeline import start_process
 from voiceagent.serving.metrics import service_metrics
 
+if TYPE_CHECKING:
+    from services.asr.engine.stream import Stream
+
 log = logging.getLogger(__name__)
+OBSERVE_ALL = "observe_all"  # a MetricCall's method: observe each of its values
 
 
 class EngineProcess:
@@ -182,7 +187,12 @@ class EngineProcess:
                 updates.put_nowait(RuntimeError(message.message))
         elif isinstance(message, MetricCall):
             target = self.targets.get(message.metric) or getattr(metrics, message.metric)
-            getattr(target.labels(*message.labels) if message.labels else target, message.method)(*message.args)
+            bound = target.labels(*message.labels) if message.labels else target
+            if message.method == OBSERVE_ALL:
+                for value in message.args[0]:
+                    bound.observe(value)
+            else:
+                getattr(bound, message.method)(*message.args)
         elif isinstance(message, Transcribed):
             if (future := self.offline.get(message.request_id)) is not None and not future.done():
                 if isinstance(message.result, str):
@@ -227,6 +237,10 @@ class _Forwarded:
 
     def __getattr__(self, method: str):
         return lambda *args: self.channel.send(MetricCall(self.name, self.label_values, method, args))
+
+    def forward_observations(self, values) -> None:
+        """A histogram's observations as one message (metrics.observe_all)."""
+        self.channel.send(MetricCall(self.name, self.label_values, OBSERVE_ALL, (tuple(values),)))
 
 
 def _engine_main(config: AsrConfig, socks: list[socket.socket]) -> None:
@@ -277,30 +291,34 @@ async def _serve_channel(engine: _Engine) -> None:
 
 
 class _Engine:
-    """The engine process's side: one task per stream, fed from the channel, relaying the backend's updates."""
+    """The engine process's side of one channel: its messages drive the backend's live streams by call (no task,
+    queue or async iterator per stream: each hop through them is event-loop work with the interpreter lock that the
+    step thread needs, twice per stream per chunk), and each stream's updates go straight onto the channel, so a
+    step's updates leave in one frame."""
 
     def __init__(self, backend, channel: Channel):
         self.backend = backend
         self.channel = channel
-        self.audio: dict[int, asyncio.Queue] = {}
-        self.tasks: dict[int, asyncio.Task] = {}
-        self.transcribing: dict[int, asyncio.Task] = {}  # the loop keeps only weak references to tasks
+        self.streams: dict[int, Stream] = {}
+        self.waiting: dict[int, list] = {}  # streams waiting for a slot: the messages that came for them meanwhile
+        self.openings: dict[int, asyncio.Task] = {}  # their waits (the loop keeps only weak references to tasks)
+        self.transcribing: dict[int, asyncio.Task] = {}
 
     def dispatch(self, message) -> None:
-        if isinstance(message, OpenStream):
-            stream_id = message.stream_id
-            self.audio[stream_id] = asyncio.Queue()
-            self.tasks[stream_id] = task = asyncio.create_task(self._stream(stream_id, message.settings))
-            task.add_done_callback(lambda _, forget=stream_id: self._forget(forget))
-        elif isinstance(message, StreamAudio):
-            if (queue := self.audio.get(message.stream_id)) is not None:
-                queue.put_nowait((message.piece, message.arrived_at))
+        if isinstance(message, StreamAudio):  # by far the most frequent
+            if (stream := self.streams.get(message.stream_id)) is not None:
+                self.backend.feed(stream, message.piece, message.arrived_at)
+            elif (backlog := self.waiting.get(message.stream_id)) is not None:
+                backlog.append(message)
+        elif isinstance(message, OpenStream):
+            self._open(message.stream_id, message.settings)
         elif isinstance(message, EndStream):
-            if (queue := self.audio.get(message.stream_id)) is not None:
-                queue.put_nowait((None, message.ended_at))
+            if (stream := self.streams.get(message.stream_id)) is not None:
+                self.backend.end_audio(stream, message.ended_at)
+            elif (backlog := self.waiting.get(message.stream_id)) is not None:
+                backlog.append(message)
         elif isinstance(message, CancelStream):
-            if (task := self.tasks.get(message.stream_id)) is not None:
-                task.cancel()
+            self._cancel(message.stream_id)
         elif isinstance(message, Transcribe):
             request_id = message.request_id
             work = self._transcribe(request_id, message.settings, message.audio)
@@ -309,25 +327,43 @@ class _Engine:
         elif isinstance(message, CancelTranscribe) and (task := self.transcribing.get(message.request_id)) is not None:
             task.cancel()
 
-    async def _stream(self, stream_id: int, settings: StreamSettings) -> None:
-        try:
-            async for update in self.backend.recognize_timed(settings, self._arrivals(stream_id)):
-                self.channel.send(StreamUpdate(stream_id, update))
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:
-            self.channel.send(StreamFailed(stream_id, f"ASR engine: {type(exc).__name__}: {exc}"))
+    def _open(self, stream_id: int, settings: StreamSettings) -> None:
+        if self.backend.free_slots and not self.waiting:  # streams that wait for a slot get one in turn
+            self._join(stream_id, settings)
+            return
+        self.waiting[stream_id] = []
+        self.openings[stream_id] = asyncio.create_task(self._open_when_free(stream_id, settings))
 
-    def _forget(self, stream_id: int) -> None:
-        del self.audio[stream_id], self.tasks[stream_id]
+    async def _open_when_free(self, stream_id: int, settings: StreamSettings) -> None:
+        await self.backend.slot_free()
+        del self.openings[stream_id]
+        backlog = self.waiting.pop(stream_id)
+        self._join(stream_id, settings)
+        for message in backlog:
+            self.dispatch(message)
 
-    async def _arrivals(self, stream_id: int):
-        queue = self.audio[stream_id]
-        while True:
-            piece, arrived_at = await queue.get()
-            yield piece, arrived_at
-            if piece is None:
-                return
+    def _join(self, stream_id: int, settings: StreamSettings) -> None:
+        channel, loop = self.channel, asyncio.get_running_loop()
+
+        def deliver(update) -> None:
+            if isinstance(update, BaseException):
+                channel.send(StreamFailed(stream_id, f"ASR engine: {type(update).__name__}: {update}"))
+            else:
+                channel.send(StreamUpdate(stream_id, update))
+                if not update.is_final:
+                    return
+            # Not now: the batching loop that delivered may be iterating the backend's list of streams.
+            loop.call_soon(self._cancel, stream_id)
+
+        self.streams[stream_id] = self.backend.join(settings, deliver)
+
+    def _cancel(self, stream_id: int) -> None:
+        """The stream is done, failed, or its client left: it leaves the backend (once)."""
+        if (stream := self.streams.pop(stream_id, None)) is not None:
+            self.backend.leave(stream)
+        elif (opening := self.openings.pop(stream_id, None)) is not None:
+            opening.cancel()
+            del self.waiting[stream_id]
 
     async def _transcribe(self, request_id: int, settings: StreamSettings, audio: np.ndarray) -> None:
         try:
@@ -338,7 +374,9 @@ class _Engine:
 
     async def stop(self) -> None:
         """End this channel's streams and Recognize calls (the backend is stopped once all channels are done)."""
-        running = [*self.tasks.values(), *self.transcribing.values()]
+        for stream_id in [*self.streams, *self.openings]:
+            self._cancel(stream_id)
+        running = list(self.transcribing.values())
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)

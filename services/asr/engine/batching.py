@@ -23,7 +23,7 @@ import contextlib
 import heapq
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
 
 Arrival = tuple[np.ndarray | None, float]  # audio and when it arrived (time.perf_counter); None: the end
+Deliver = Callable[[RecognitionUpdate | BaseException], None]  # where a stream's updates go, on the event loop
 OFFLINE_LANES = 1  # long clips stepped at once; more wait for the lane (each holds a cache slot)
 
 
@@ -58,6 +59,10 @@ async def _finish_holding(work: Awaitable):
         if not task.cancelled():
             task.exception()  # taken: the step's own failure is not the cancelled caller's to report
         raise
+
+
+def _discard(update: RecognitionUpdate | BaseException) -> None:
+    """Where the warm-up's and offline steps' updates go: nobody reads them."""
 
 
 class BatchingBackend:
@@ -187,38 +192,70 @@ class BatchingBackend:
         }
 
     # --- streams -----------------------------------------------------------------------------------------
-    def _new_stream(self, settings: StreamSettings, slot: int | None = None) -> Stream:
+    def _new_stream(self, settings: StreamSettings, slot: int | None = None, deliver: Deliver = _discard) -> Stream:
         slot = heapq.heappop(self.free_slots) if slot is None else slot
         context = self.contexts[settings.chunk_ms]
         with self.resets_lock:
             self.resets_due.append((slot, context))  # reset before any step reads it (_reset_due_slots)
-        return Stream(settings, context, features.FeatureStream(self.shape.mel_bins), slot)
+        return Stream(settings, context, features.FeatureStream(self.shape.mel_bins), slot, deliver)
 
     def _release(self, stream: Stream) -> None:
         heapq.heappush(self.free_slots, stream.slot)
         self.slot_freed.set()
 
+    # --- live streams, driven by calls: what the engine process uses (no task or queue per stream) -------------
+    async def slot_free(self) -> None:
+        """Until a slot is free. The servicer admits at most max_streams, but a slot whose client just left is
+        freed only after the step holding it ends: wait that one step rather than fail."""
+        while not self.free_slots:
+            self.slot_freed.clear()
+            await self.slot_freed.wait()
+
+    def join(self, settings: StreamSettings, deliver: Deliver) -> Stream:
+        """A new live stream in a free slot (after `slot_free`, with no await between). Its updates and its failure
+        go to `deliver`, on the event loop, the last one final; then the caller calls `leave`."""
+        stream = self._new_stream(settings, deliver=deliver)
+        self.streams[settings.chunk_ms].append(stream)
+        self.last_join[settings.chunk_ms] = stream.joined_at
+        metrics.active_streams.labels(str(settings.chunk_ms)).inc()
+        return stream
+
+    def feed(self, stream: Stream, piece: np.ndarray, arrived_at: float) -> None:
+        """More of a stream's audio, and when it arrived (time.perf_counter in the process that received it)."""
+        stream.append(piece, arrived_at)
+        self.wake[stream.settings.chunk_ms].set()
+
+    def end_audio(self, stream: Stream, ended_at: float) -> None:
+        """The stream's audio has ended (its client half-closed): the rest is stepped, then the final update."""
+        stream.closed = True
+        stream.closed_at = ended_at
+        self.wake[stream.settings.chunk_ms].set()
+
+    def leave(self, stream: Stream) -> None:
+        """The stream is done (its final update delivered) or its client left: its slot is freed, after the step
+        holding it if one is in flight."""
+        self.streams[stream.settings.chunk_ms].remove(stream)
+        metrics.active_streams.labels(str(stream.settings.chunk_ms)).dec()
+        if stream.in_step:
+            stream.abandoned = True  # the step in flight still writes this slot; free it afterwards
+        else:
+            self._release(stream)
+
+    # --- live streams as async iterators: what the servicer uses in one process --------------------------------
     async def recognize(self, settings: StreamSettings, audio: AsyncIterator[np.ndarray]):
         async for update in self.recognize_timed(settings, _arrivals(audio)):
             yield update
 
     async def recognize_timed(self, settings: StreamSettings, audio: AsyncIterator[Arrival]):
-        """`recognize`, for audio stamped where it arrived (the gRPC process, when this one is the engine
-        process): pieces `(samples, perf_counter time)`, and `(None, time)` for the end of the audio."""
-        # The servicer admits at most max_streams, but a slot whose client just left is freed only after the
-        # step holding it ends: wait that one step rather than fail.
-        while not self.free_slots:
-            self.slot_freed.clear()
-            await self.slot_freed.wait()
-        stream = self._new_stream(settings)
-        chunk_label = str(settings.chunk_ms)
-        self.streams[settings.chunk_ms].append(stream)
-        self.last_join[settings.chunk_ms] = stream.joined_at
-        metrics.active_streams.labels(chunk_label).inc()
+        """`recognize`, for audio stamped where it arrived: pieces `(samples, perf_counter time)`, and
+        `(None, time)` for the end of the audio."""
+        await self.slot_free()
+        updates: asyncio.Queue = asyncio.Queue()
+        stream = self.join(settings, updates.put_nowait)
         pump = asyncio.create_task(self._pump(stream, audio))
         try:
             while True:
-                update = await stream.updates.get()
+                update = await updates.get()
                 if isinstance(update, BaseException):
                     raise update
                 yield update
@@ -226,29 +263,20 @@ class BatchingBackend:
                     return
         finally:
             pump.cancel()
-            self.streams[settings.chunk_ms].remove(stream)
-            metrics.active_streams.labels(chunk_label).dec()
-            if stream.in_step:
-                stream.abandoned = True  # the step in flight still writes this slot; free it afterwards
-            else:
-                self._release(stream)
+            self.leave(stream)
 
     async def _pump(self, stream: Stream, audio: AsyncIterator[Arrival]) -> None:
-        wake = self.wake[stream.settings.chunk_ms]
         ended_at = None
         try:
             async for piece, arrived_at in audio:
                 if piece is None:
                     ended_at = arrived_at
                     break
-                stream.append(piece, arrived_at)
-                wake.set()
+                self.feed(stream, piece, arrived_at)
         except Exception as exc:  # malformed audio: hand it to the stream's reader
-            stream.updates.put_nowait(exc)
+            stream.deliver(exc)
             return
-        stream.closed = True
-        stream.closed_at = ended_at or time.perf_counter()
-        wake.set()
+        self.end_audio(stream, ended_at or time.perf_counter())
 
     def _held_until(self, stream: Stream) -> float:
         """Until when a new stream's first step waits for others joining (0: not held).
@@ -335,21 +363,24 @@ class BatchingBackend:
                 updates = await _finish_holding(asyncio.to_thread(self._step, batch))
         except Exception as exc:  # an engine failure fails these streams, not the service
             updates = [exc] * len(batch)
+        latencies = []
         for stream, update in zip(batch, updates, strict=True):
             stream.in_step = False
             if stream.abandoned:
                 self._release(stream)
             elif isinstance(update, BaseException):
                 stream.finished = True
-                stream.updates.put_nowait(update)
+                stream.deliver(update)
             else:
+                latencies.append(update.processing_latency_s)
                 self._deliver(stream, update)
+        if latencies:  # one call per step: from the engine process one message, not one per stream
+            metrics.observe_all(self.chunk_latency[batch[0].settings.chunk_ms], latencies)
 
     def _deliver(self, stream: Stream, update: RecognitionUpdate) -> None:
-        self.chunk_latency[stream.settings.chunk_ms].observe(update.processing_latency_s)
         last = stream.closed and stream.mel_available() == stream.mel_consumed
         if stream.settings.interim_results and not last:
-            stream.updates.put_nowait(update)
+            stream.deliver(update)
         if last:
             self._finish(stream, update)
 
@@ -360,7 +391,7 @@ class BatchingBackend:
         if self.record_dir is not None:
             name, width = f"{stream.settings.request_id}.{self.name}", self.shape.d_model
             record_encoder_output(self.record_dir, name, "streaming", stream.encoded, stream.token_ids, width)
-        stream.updates.put_nowait(
+        stream.deliver(
             RecognitionUpdate(
                 transcript=stream.transcript,
                 token_ids=tuple(stream.token_ids),

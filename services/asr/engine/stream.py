@@ -3,13 +3,13 @@ encoding a group of streams returns, and the debug recording of a stream's encod
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,14 @@ class Stream:
     """One client stream's state between steps: audio, decoder hypothesis, cache slot (the backend pools the rest by
     slot: encoder caches, pre-encode history, decoder state)."""
 
-    def __init__(self, settings: StreamSettings, context: list[int], features: FeatureStream, slot: int):
+    def __init__(
+        self,
+        settings: StreamSettings,
+        context: list[int],
+        features: FeatureStream,
+        slot: int,
+        deliver: Callable[[object], None],
+    ):
         self.settings = settings
         self.context = context
         self.features = features
@@ -43,7 +50,7 @@ class Stream:
         self.abandoned = False  # the client went away; free the slot once no step holds it
         self.in_step = False
         self.arrivals: collections.deque[tuple[int, float]] = collections.deque()  # (total samples, time)
-        self.updates: asyncio.Queue = asyncio.Queue()
+        self.deliver = deliver  # where its updates (and its failure) go: a queue's put, or the engine's channel
         self.encoded: list[np.ndarray] = []  # kept only when recording encoder outputs
 
     def append(self, audio: np.ndarray, arrived_at: float) -> None:
