@@ -6,6 +6,10 @@
 #   bench  services/asr/benchmark.py at $CHUNKS: NeMo's own loop vs the service with graphs, 4 client processes
 #   service  the service with graphs alone (no engine-direct), the same search
 #   bench-eager  the service with --cuda-graphs false, the same search
+#   compare  results/h200/asr_compare.py: this tree against the base tree $BASE (default .base), paced real-time
+#            streams (issue 17's capacity: per-chunk latency p95 < the chunk), 8 client processes, interleaved
+#   split  results/h200/asr_cpu_split.py --paced at $STREAMS, 8 client processes, py-spy of every service process
+#          (folded stacks, tarred into $OUT/asr_spy$TAG.tgz: a call brings back at most 8 files)
 # SERVICE_ARGS adds service flags (e.g. "--step-policy clocked --frontends 4"). Every stage has its own time limit;
 # outputs go to $OUT (a stage's file name ends in $TAG when set).
 set -u
@@ -51,6 +55,18 @@ for stage in "$@"; do
             --dtype bfloat16 --only cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
             --start-streams "${START:-512}" $SEARCH --service-args "--cuda-graphs false ${SERVICE_ARGS:-}" 2>&1 \
             | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_eager_bench_$CHUNKS${TAG:-}.txt"
+        ;;
+    compare)
+        timeout -k 5 "${COMPARE_S:-300}" python3 -m results.h200.asr_compare --base "${BASE:-.base}" --chunks "$CHUNKS" \
+            --max-streams "${LIMIT:-3072}" --start-streams "${START:-1024}" --service-args "${SERVICE_ARGS:-}" 2>&1 \
+            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_compare_$CHUNKS${TAG:-}.txt"
+        ;;
+    split)
+        timeout -k 5 "${SPLIT_S:-170}" python3 -m results.h200.asr_cpu_split --chunk-ms "$CHUNKS" --streams \
+            "${STREAMS:-1024}" --clients 8 --paced --clip-s 6.4 --py-spy /tmp/asr_spy \
+            --service-args "--graph-chunks $CHUNKS ${SERVICE_ARGS:-}" 2>&1 \
+            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_split_$CHUNKS${TAG:-}.txt"
+        tar -C /tmp -czf "$OUT/asr_spy_$CHUNKS${TAG:-}.tgz" asr_spy && rm -rf /tmp/asr_spy
         ;;
     esac
 done
