@@ -8,6 +8,7 @@
 #   bench-eager  the service with --cuda-graphs false, the same search
 #   compare  results/h200/asr_compare.py: this tree against the base tree $BASE (default .base), paced real-time
 #            streams (issue 17's capacity: per-chunk latency p95 < the chunk), 8 client processes, interleaved
+#   profile  results/h200/asr_profile.py: the steady step at $BATCHES rows, as served and profiled by phase x class
 #   split  results/h200/asr_cpu_split.py --paced at $STREAMS, 8 client processes, py-spy of every service process
 #          (folded stacks, tarred into $OUT/asr_spy$TAG.tgz: a call brings back at most 8 files)
 # SERVICE_ARGS adds service flags (e.g. "--step-policy clocked --frontends 4"). Every stage has its own time limit;
@@ -60,6 +61,11 @@ for stage in "$@"; do
         timeout -k 5 "${COMPARE_S:-300}" python3 -m results.h200.asr_compare --base "${BASE:-.base}" --chunks "$CHUNKS" \
             --max-streams "${LIMIT:-3072}" --start-streams "${START:-1024}" --service-args "${SERVICE_ARGS:-}" 2>&1 \
             | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_compare_$CHUNKS${TAG:-}.txt"
+        ;;
+    profile)
+        timeout -k 5 "${PROFILE_S:-150}" python3 -m results.h200.asr_profile --chunk-ms "$CHUNKS" \
+            --batch "${BATCHES:-1024,2048}" 2>&1 | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" \
+            | tee "$OUT/asr_profile_$CHUNKS${TAG:-}.txt"
         ;;
     split)
         timeout -k 5 "${SPLIT_S:-170}" python3 -m results.h200.asr_cpu_split --chunk-ms "$CHUNKS" --streams \

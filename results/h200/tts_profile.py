@@ -23,7 +23,6 @@ import bisect
 import collections
 import dataclasses
 import functools
-import re
 import statistics
 import time
 
@@ -31,6 +30,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from results.h200.kernel_profile import device_kernels, innermost, kernel_class, table
 from services.tts.backends import voxcpm_model
 from services.tts.backends.batched_model import SOLVER_ATTENTION, BatchedVoxCPM
 from services.tts.backends.voxcpm import WorkerSpec, load_model
@@ -42,74 +42,8 @@ from services.tts.config import TtsConfig
 PHASES = ("input copy", "locdit solve", "local encoder", "vae decode", "stop head", "base lm", "residual lm",
           "host copy")
 # fmt: on
-CLASSES = ("bf16 GEMM", "fp32 GEMM/conv", "attention", "copies", "elementwise/reduction", "other")
 TIMESTEPS, CFG_VALUE = 10, 2.0  # the service's defaults
 TIMED, PROFILED = 20, 3  # steps timed as served, steps profiled eagerly
-# launched_us: host time of its launch, which places it in a record_function range (or a range's name)
-Kernel = collections.namedtuple("Kernel", "name start_us duration_us launched_us")
-
-
-def kernel_class(name: str, phase: str, fp32_model: bool) -> str:
-    n = name.lower()
-    if re.search(r"flash|fmha|attention|softmax|sdpa", n):
-        return "attention"
-    if re.search(r"conv|fprop|dgrad|wgrad|winograd|implicit|im2col|col2im", n):
-        return "fp32 GEMM/conv"
-    if re.search(r"gemm|gemv|nvjet|xmma|cutlass|cublas|matmul|aten::(add|b|baddb)?mm$|aten::linear", n):
-        fp32 = fp32_model or phase == "vae decode" or re.search(r"sgemm|tf32|f32f32|s1688gemm|fp32", n)
-        return "fp32 GEMM/conv" if fp32 and "bf16" not in n else "bf16 GEMM"
-    if re.search(r"memcpy|memset|copy|catarray|\bcat\b|index|gather|scatter|fill|clone|contiguous|zero_|aten::to$", n):
-        return "copies"
-    if re.search(r"elementwise|vectorized|reduce|norm|unrolled|pointwise|triton|at::native|aten::", n):
-        return "elementwise/reduction"
-    return "other"
-
-
-def device_kernels(events, on_cuda: bool) -> list[Kernel]:
-    """Kernels (CUDA) or leaf op time (CPU: aten ops by self time), with the host time they were issued at."""
-    if not on_cuda:
-        return [
-            Kernel(e.name, e.time_range.start, e.self_cpu_time_total, e.time_range.start)
-            for e in events
-            if e.name.startswith("aten::") and e.self_cpu_time_total > 0
-        ]
-    # a kernel's host side: the op that launched it (linked id), else its runtime call (same correlation id)
-    ops = {
-        e.id: e.time_range.start
-        for e in events
-        if e.device_type == DeviceType.CPU
-        and not getattr(e, "linked_correlation_id", 0)
-        and not e.name.startswith("cu")
-    }
-    launches = {e.id: e.time_range.start for e in events if e.device_type == DeviceType.CPU and e.name.startswith("cu")}
-    annotations = [e for e in events if e.device_type == DeviceType.CUDA and e.name in (*PHASES, "profiled step")]
-    kernels, skipped = [], {id(a) for a in annotations}
-    for e in events:
-        if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False) or id(e) in skipped:
-            continue
-        launched = ops.get(getattr(e, "linked_correlation_id", 0)) or launches.get(e.id)
-        if launched is None:  # no host side seen: place it by the device-side range it falls in
-            inside = [a for a in annotations if a.time_range.start <= e.time_range.start <= a.time_range.end]
-            launched = min(inside, key=lambda a: a.time_range.elapsed_us()).name if inside else None
-        kernels.append(Kernel(e.name, e.time_range.start, e.time_range.elapsed_us(), launched))
-    return kernels
-
-
-def innermost(ranges, when) -> str:
-    if isinstance(when, str) or when is None:  # already named by a device-side range, or unplaced
-        return when or "unattributed"
-    inside = [r for r in ranges if r.time_range.start <= when <= r.time_range.end]
-    return min(inside, key=lambda r: r.time_range.elapsed_us()).name if inside else "outside phases"
-
-
-def table(title: str, cells: dict, rows, steps: int, columns=CLASSES) -> None:
-    print(f"\n{title} (ms per step)\n{'':<22}" + "".join(f"{c[:13]:>14}" for c in (*columns, "total")))
-    for row in rows:
-        values = [cells.get((row, c), 0.0) / steps / 1000 for c in columns]
-        if sum(values):
-            print(f"{row:<22}" + "".join(f"{v:>14.3f}" for v in (*values, sum(values))))
-    totals = [sum(cells.get((r, c), 0.0) for r in rows) / steps / 1000 for c in columns]
-    print(f"{'total':<22}" + "".join(f"{v:>14.3f}" for v in (*totals, sum(totals))))
 
 
 @torch.inference_mode()  # as the engine steps: no autograd graph kept (with one, B=128 ran out of the H200's memory)
@@ -157,9 +91,9 @@ def profile_eager(engine: BatchedVoxCPM, slots: list[int], steps: int, on_cuda: 
     )
     fp32_model = engine.dtype == torch.float32
     cells, by_kernel, per_step = collections.Counter(), {}, collections.defaultdict(list)
-    for k in device_kernels(events, on_cuda):
+    for k in device_kernels(events, on_cuda, (*PHASES, "profiled step")):
         phase = innermost(ranges, k.launched_us)
-        cells[phase, kernel_class(k.name, phase, fp32_model)] += k.duration_us
+        cells[phase, kernel_class(k.name, fp32_model or phase == "vae decode")] += k.duration_us
         by_kernel.setdefault(k.name, collections.Counter())[phase] += k.duration_us
         by_kernel[k.name]["count"] += 1
         if isinstance(k.launched_us, float):  # steps follow each other: the last one begun before the launch
@@ -180,7 +114,7 @@ def profile_eager(engine: BatchedVoxCPM, slots: list[int], steps: int, on_cuda: 
         phase = max((p for p in by_kernel[name] if p != "count"), key=by_kernel[name].get)
         print(
             f"{totals[name] / steps / 1000:>8.3f} {by_kernel[name]['count'] / steps:>6.0f}  {phase:<14} "
-            f"{kernel_class(name, phase, fp32_model):<22} {name[:110]}"
+            f"{kernel_class(name, fp32_model or phase == 'vae decode'):<22} {name[:110]}"
         )
     return {phase: sum(v for (p, _), v in cells.items() if p == phase) / steps / 1000 for phase in PHASES}
 
