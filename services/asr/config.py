@@ -16,6 +16,7 @@ PRESETS = Path(__file__).resolve().parent / "presets"
 BACKENDS = ("cache-aware", "buffered")
 DTYPES = ("float32", "bfloat16")
 STEP_POLICIES = ("ready", "clocked")
+OVERLAP_STEPS = ("auto", "on", "off")
 
 
 def preset_names() -> list[str]:
@@ -100,8 +101,16 @@ class AsrConfig(ServingConfig):
     frontends: int = dataclasses.field(
         default=1,
         metadata={
-            "help": "gRPC front-end processes on one engine process, sharing the port (SO_REUSEPORT); each admits "
-            "its share of --max-streams (1 = one gRPC process)"
+            "help": "gRPC front-end processes on one engine process, sharing the port (SO_REUSEPORT); together "
+            "they admit --max-streams (one counter for the pod) (1 = one gRPC process)"
+        },
+    )
+    overlap_steps: str = dataclasses.field(
+        default="auto",
+        metadata={
+            "help": "launch a chunk size's next step before reading the last one back, so that the host prepares "
+            "one step and reads the other back while the device runs (auto = on a CUDA device; on the CPU a "
+            "step is done when launched, and overlapping would only delay its results): auto, on or off"
         },
     )
     cuda_graphs: bool = dataclasses.field(
@@ -134,6 +143,13 @@ class AsrConfig(ServingConfig):
     record_encoder_dir: str = dataclasses.field(
         default="", metadata={"help": "debug: write each stream's encoder output and tokens here (.npz)"}
     )
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether steps overlap (--overlap-steps: auto is on for a CUDA device)."""
+        if self.overlap_steps == "auto":
+            return str(self.device).startswith("cuda")
+        return self.overlap_steps == "on"
 
     @property
     def graph_chunk_ms(self) -> tuple[int, ...]:
@@ -185,3 +201,8 @@ class AsrConfig(ServingConfig):
             f"must be comma-separated chunk sizes in ms, got {self.graph_chunks!r}",
         )
         require(self.threads >= 0, "threads", f"must be >= 0, got {self.threads}")
+        require(
+            self.overlap_steps in OVERLAP_STEPS,
+            "overlap_steps",
+            f"must be one of {list(OVERLAP_STEPS)}, got {self.overlap_steps!r}",
+        )

@@ -35,9 +35,15 @@ step_batch = Histogram(
 )
 step_duration = Histogram(
     "voiceagent_asr_step_duration_seconds",
-    "Wall time of one batched encoder + decoder step",
+    "Wall time of one batched encoder + decoder step, from its host work's start to its tokens on the host",
     ["chunk_ms"],
     buckets=LATENCY_BUCKETS_S,
+)
+overlapped_steps = Counter(
+    "voiceagent_asr_overlapped_steps",
+    "Steps launched while the step before them was still on the device (--overlap-steps): host and device busy "
+    "together",
+    ["chunk_ms"],
 )
 encoder_frames = Counter(
     "voiceagent_asr_encoder_frames",
@@ -60,7 +66,7 @@ offline_requests = Gauge(
 # What the engine process records and forwards to the gRPC process's registry (backends/engine_process.py).
 FORWARDED = (
     "chunk_processing", "final_latency", "active_streams", "step_batch", "step_duration", "encoder_frames",
-    "audio_processed", "padded_rows", "offline_requests",
+    "audio_processed", "padded_rows", "offline_requests", "overlapped_steps",
 )  # fmt: skip
 
 
@@ -80,5 +86,6 @@ for _chunk in CHUNK_MS:
         _metric.labels(_chunk)
     encoder_frames.labels(_chunk)
     audio_processed.labels(_chunk)
+    overlapped_steps.labels(_chunk)
     for _kind in ("stream", "padding"):
         padded_rows.labels(_chunk, _kind)

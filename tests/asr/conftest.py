@@ -71,3 +71,16 @@ def padded(tiny_checkpoint, record_dir):
     args += ["--join-window-ms", str(JOIN_WINDOW_MS)]
     with running_service("services.asr", venv_python("asr"), args) as service:
         yield service
+
+
+@pytest.fixture(scope="session", params=["ready", "clocked"])
+def overlapped(request, tiny_checkpoint, record_dir):
+    """Overlapped steps forced on the CPU (auto is on only on a CUDA device), on padded steps: a step is launched
+    while the last is still to be read back. Two streams per step, so four streams take two steps per chunk; under
+    either step policy."""
+    args = ["--model-path", tiny_checkpoint, "--max-streams", "4", "--max-batch-streams", "2"]
+    args += ["--step-policy", request.param]
+    args += ["--probe-ceilings", "false", "--record-encoder-dir", str(record_dir), "--threads", "1"]
+    args += ["--padded-steps", "true", "--overlap-steps", "on", "--join-window-ms", str(JOIN_WINDOW_MS)]
+    with running_service("services.asr", venv_python("asr"), args) as service:
+        yield service

@@ -41,6 +41,7 @@ def load_in_process(config: AsrConfig) -> RecognizerBackend:
         offline_pass_s=config.offline_pass_s,
         offline_slice_ms=config.offline_slice_ms,
         step_policy=config.step_policy,
+        overlap_steps=config.overlapped,
     )
     if config.backend == "buffered":
         from services.asr.backends.nemo_buffered import BufferedBackend

@@ -202,8 +202,8 @@ class CacheAwareBackend(BatchingBackend):
 
     def _padded_step(self, padded: PaddedStep, streams: list[Stream], signal) -> GroupResult:
         """A first or steady step (every stream a whole chunk): encoder and decoder in one padded call
-        (a graph replay on a GPU); the only device-to-host copy is the token table."""
-        encoded, new_tokens = padded.run(signal.to(self.device, self.dtype), [stream.slot for stream in streams])
+        (a graph replay on a GPU), launched; the only device-to-host copy is the token table, read when collected."""
+        launched = padded.launch(signal.to(self.device, self.dtype), [stream.slot for stream in streams])
         label = str(padded.chunk_ms)
         metrics.padded_rows.labels(label, "stream").inc(len(streams))
         metrics.padded_rows.labels(label, "padding").inc(bucket_for(len(streams), padded.buckets) - len(streams))
@@ -211,10 +211,10 @@ class CacheAwareBackend(BatchingBackend):
         keys = streams[0].context[0] + padded.frames
         flops = self.shape.step_flops(len(streams), padded.frames, keys, padded.width, padded.frames + padded.drop)
         return GroupResult(
-            encoded=encoded,
+            encoded=launched.encoded,
             lengths=frames,
             frames_computed=frames,
             flops=flops,
             read_bytes=self.shape.step_read_bytes(len(streams), with_cache=True),
-            new_tokens=new_tokens,
+            new_tokens=launched,
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import threading
 import time
@@ -35,6 +36,8 @@ from services.asr.engine import fastconformer as fc
 from services.asr.engine import features
 from services.asr.engine.clocked import clocked_loop
 from services.asr.engine.greedy import GreedyDecoder
+from services.asr.engine.slots import upload
+from services.asr.engine.step_graphs import TokenTable
 from services.asr.engine.stream import GroupResult, Stream, record_encoder_output
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
@@ -61,6 +64,16 @@ async def _finish_holding(work: Awaitable):
         raise
 
 
+@dataclasses.dataclass
+class Launched:
+    """A step whose device work is queued: its streams, the mel frames each consumes, what encoding returned."""
+
+    streams: list[Stream]
+    sizes: list[int]
+    result: GroupResult
+    started: float  # time.perf_counter() when its host work began
+
+
 def _discard(update: RecognitionUpdate | BaseException) -> None:
     """Where the warm-up's and offline steps' updates go: nobody reads them."""
 
@@ -84,6 +97,7 @@ class BatchingBackend:
         offline_pass_s: float = float("inf"),
         offline_slice_ms: float = 50.0,
         step_policy: str = "ready",
+        overlap_steps: bool = False,
     ):
         self.model = model
         self.source = source
@@ -95,6 +109,10 @@ class BatchingBackend:
         self.offline_pass_samples = offline_pass_s * features.SAMPLE_RATE
         self.offline_slice_s = offline_slice_ms / 1000
         self.step_policy = step_policy  # "ready" (as streams become ready) or "clocked" (engine/clocked.py)
+        # Launch a chunk size's next step before reading the last one back (module docstring): at most one step
+        # per chunk size waits to be read back, here.
+        self.overlap_steps = overlap_steps
+        self.in_flight: dict[int, Launched] = {}
         self.slot_count = max_streams + OFFLINE_LANES  # the last OFFLINE_LANES slots step long offline clips
         self.record_dir = Path(record_dir) if record_dir else None
         self.shape = fc.encoder_shape(model)
@@ -189,6 +207,7 @@ class BatchingBackend:
             "offline_pass_s": self.offline_pass_samples / features.SAMPLE_RATE,
             "offline_slice_ms": self.offline_slice_s * 1000,
             "clocked_steps": float(self.step_policy == "clocked"),
+            "overlap_steps": float(self.overlap_steps),
         }
 
     # --- streams -----------------------------------------------------------------------------------------
@@ -311,6 +330,8 @@ class BatchingBackend:
         waiting = [s for s in self.streams[chunk_ms] if not s.finished and not s.in_step]
         if not ready or len(ready) >= min(len(waiting), self.max_batch_streams) or not self.batch_wait_fraction:
             return ready
+        if await self.drain(chunk_ms):  # its streams' results do not wait for the batch to fill; they may be ready
+            return await self._gather_ready(chunk_ms)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.batch_wait_fraction * chunk_ms / 1000
         wake = self.wake[chunk_ms]
@@ -336,8 +357,12 @@ class BatchingBackend:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), self._hold_left(chunk_ms))
             wake.clear()
-            while ready := await self._gather_ready(chunk_ms):
-                await self._step_streams(ready)
+            while True:
+                while ready := await self._gather_ready(chunk_ms):
+                    await self._step_streams(ready)
+                # Nothing more to launch: read the step in flight back; its streams may be ready again.
+                if not await self.drain(chunk_ms):
+                    break
 
     async def _step_streams(self, ready: list[Stream], every_batch: bool = False) -> None:
         """Finish the exhausted streams of `ready` and step the rest: one batch (of up to `max_batch_streams`)
@@ -355,14 +380,44 @@ class BatchingBackend:
                 await self._step_batch(group[start : start + self.max_batch_streams])
 
     async def _step_batch(self, streams: list[Stream]) -> None:
+        """Launch a step of `streams`; with overlapped steps, read back the one launched before it now (its
+        device work ran while this one was prepared), else this one at once."""
         batch = sorted(streams, key=lambda stream: stream.slot)
         for stream in batch:
             stream.in_step = True
         try:
             async with self.device_lock:
-                updates = await _finish_holding(asyncio.to_thread(self._step, batch))
+                launched = await _finish_holding(asyncio.to_thread(self._launch, batch))
         except Exception as exc:  # an engine failure fails these streams, not the service
-            updates = [exc] * len(batch)
+            self._settle(batch, [exc] * len(batch))
+            return
+        chunk_ms = batch[0].settings.chunk_ms
+        earlier = self.in_flight.pop(chunk_ms, None)
+        self.in_flight[chunk_ms] = launched
+        if earlier is not None:
+            metrics.overlapped_steps.labels(str(chunk_ms)).inc()
+            await self._collect_step(earlier)
+        if not self.overlap_steps:
+            await self.drain(chunk_ms)
+
+    async def drain(self, chunk_ms: int) -> bool:
+        """Read back the step of `chunk_ms` in flight, if any, and deliver its streams' updates; whether there was
+        one (its streams may be ready to step again)."""
+        if (launched := self.in_flight.pop(chunk_ms, None)) is None:
+            return False
+        await self._collect_step(launched)
+        return True
+
+    async def _collect_step(self, launched: Launched) -> None:
+        # Not under the device lock: reading back touches no model state, only the step's own streams.
+        try:
+            updates = await _finish_holding(asyncio.to_thread(self._collect, launched))
+        except Exception as exc:
+            updates = [exc] * len(launched.streams)
+        self._settle(launched.streams, updates)
+
+    def _settle(self, batch: list[Stream], updates: list) -> None:
+        """A step's streams are out of it: each gets its update (or failure), or its slot back if it left."""
         latencies = []
         for stream, update in zip(batch, updates, strict=True):
             stream.in_step = False
@@ -405,21 +460,36 @@ class BatchingBackend:
         )
 
     # --- the step (worker thread) ------------------------------------------------------------------------
-    @torch.inference_mode()  # grad mode is per thread: the worker threads need it set themselves
     def _step(self, streams: list[Stream]) -> list[RecognitionUpdate]:
+        """One whole step of `streams` (worker thread): launched, then read back."""
+        return self._collect(self._launch(streams))
+
+    @torch.inference_mode()  # grad mode is per thread: the worker threads need it set themselves
+    def _launch(self, streams: list[Stream]) -> Launched:
+        """The step's host work before the device (features, inputs) and its device work, queued (worker thread,
+        under the device lock). A padded step's tokens are read back by `_collect`; other steps decode here."""
         started = time.perf_counter()
         self._reset_due_slots()
         chunks, sizes = self._chunks(streams)
         result = self.encode_group(streams, chunks)
+        if result.new_tokens is None:
+            lengths = upload(torch.tensor(result.lengths), self.device)
+            result.new_tokens = self.decoder.decode(result.encoded, lengths, [stream.slot for stream in streams])
+        if self.record_dir is not None:  # the static output is the next step's once that is launched
+            result.encoded = result.encoded.clone()
+        return Launched(streams, sizes, result, started)
+
+    @torch.inference_mode()
+    def _collect(self, launched: Launched) -> list[RecognitionUpdate]:
+        """Wait for a launched step's tokens, then each stream's update (worker thread, no device lock)."""
+        streams, sizes, result = launched.streams, launched.sizes, launched.result
         new_tokens = result.new_tokens
-        if new_tokens is None:
-            new_tokens = self.decoder.decode(
-                result.encoded, torch.tensor(result.lengths, device=self.device), [stream.slot for stream in streams]
-            )
+        if isinstance(new_tokens, TokenTable):
+            new_tokens = new_tokens.tokens()
         finished = time.perf_counter()
         chunk_label = str(streams[0].settings.chunk_ms)
         metrics.step_batch.labels(chunk_label).observe(len(streams))
-        metrics.step_duration.labels(chunk_label).observe(finished - started)
+        metrics.step_duration.labels(chunk_label).observe(finished - launched.started)
         self.work.record_work(result.flops, result.read_bytes)
         metrics.encoder_frames.labels(chunk_label).inc(sum(result.frames_computed))
         metrics.audio_processed.labels(chunk_label).inc(sum(sizes) * features.HOP_SAMPLES / features.SAMPLE_RATE)

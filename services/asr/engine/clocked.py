@@ -63,6 +63,8 @@ async def clocked_loop(backend, chunk_ms: int) -> None:
             else:  # the next tick on the same phase, skipping those the step overran
                 tick += period * max(1, math.ceil((loop.time() - tick) / period))
             continue
+        if await backend.drain(chunk_ms):  # read the step in flight back before waiting; then look again
+            continue
         wake.clear()
         waits = [left for left in (None if tick is None else tick - now, backend._hold_left(chunk_ms)) if left]
         with contextlib.suppress(TimeoutError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from services.asr.engine.slots import upload
+
 SAMPLE_RATE = 16000
 HOP_SAMPLES = 160  # 10 ms mel hop
 STFT_HALF_WINDOW = 256  # n_fft / 2: a mel frame centred at t needs samples up to t + 256
@@ -84,5 +86,5 @@ def mel_batch(
     for row, index in enumerate(busy):
         signal[row, : len(segments[index][0])] = segments[index][0]
     lengths = torch.tensor([len(segments[index][0]) for index in busy])
-    mel, _ = preprocessor(input_signal=torch.from_numpy(signal).to(device), length=lengths.to(device))
+    mel, _ = preprocessor(input_signal=upload(torch.from_numpy(signal), device), length=upload(lengths, device))
     return mel, busy

@@ -11,7 +11,16 @@ def rows(slots: list[int], device) -> slice | torch.Tensor:
     read as a view instead of a gathered copy."""
     if slots == list(range(slots[0], slots[0] + len(slots))):
         return slice(slots[0], slots[0] + len(slots))
-    return torch.tensor(slots, device=device)
+    return upload(torch.tensor(slots), device)
+
+
+def upload(tensor: torch.Tensor, device) -> torch.Tensor:
+    """`tensor` (on the host) on `device`. To a GPU through pinned memory, without waiting: a copy from pageable
+    memory waits for everything queued on the stream first, so a step launched while the previous one runs
+    (overlapped steps, batching.py) would wait for it at its first upload."""
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def gather(pool: torch.Tensor, dim: int, at: slice | torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,8 @@ import time
 import torch
 from torch.profiler import record_function
 
+from services.asr.engine.slots import upload
+
 log = logging.getLogger(__name__)
 
 
@@ -230,13 +232,14 @@ class PaddedStep:
         return "first" if self.first else "steady"
 
     # --- a step -----------------------------------------------------------------------------------------
-    def run(self, signal: torch.Tensor, slots: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
-        """Step the streams in `slots` on `signal` [B, mel, width]: their encoder output [B, D, T] (a view
-        valid until the next step) and each stream's new token ids."""
+    def launch(self, signal: torch.Tensor, slots: list[int]) -> TokenTable:
+        """Step the streams in `slots` on `signal` [B, mel, width] without waiting for the device: their token
+        table is copied to the host behind the step (`TokenTable.tokens` waits for it). A step launched after this
+        one reads this one's results only through the table: the static outputs are the next step's."""
         rows = len(slots)
         bucket = bucket_for(rows, self.buckets)
         self.signal[:rows].copy_(signal)
-        self.slots[:rows].copy_(torch.tensor(slots, dtype=torch.long), non_blocking=True)
+        self.slots[:rows].copy_(upload(torch.tensor(slots, dtype=torch.long), self.device))
         self.slots[rows:bucket].fill_(self.scratch_slot)
         graph = self.graphs.get(bucket)
         if graph is not None and self.encoder.pos_enc.pe is not self.positions:
@@ -251,5 +254,29 @@ class PaddedStep:
         else:
             self.encoder.set_default_att_context_size(self.context)
             encoded, table = self._forward(bucket)
-        host = table[:rows].cpu().tolist()  # the step's one device-to-host copy
-        return encoded[:rows], [row[1 : 1 + row[0]] for row in host]
+        return TokenTable(encoded[:rows], table[:rows])
+
+    def run(self, signal: torch.Tensor, slots: list[int]) -> tuple[torch.Tensor, list[list[int]]]:
+        """`launch`, then wait: the streams' encoder output [B, D, T] (a view valid until the next step) and each
+        stream's new token ids."""
+        launched = self.launch(signal, slots)
+        return launched.encoded, launched.tokens()
+
+
+class TokenTable:
+    """A launched step's token table on its way to the host: the step's one device-to-host copy."""
+
+    def __init__(self, encoded: torch.Tensor, table: torch.Tensor):
+        self.encoded = encoded  # a view of the step's static output: valid until the next step of its buckets
+        on_gpu = table.device.type == "cuda"
+        self.host = torch.empty(table.shape, dtype=table.dtype, pin_memory=on_gpu)
+        self.host.copy_(table, non_blocking=on_gpu)
+        self.copied = torch.cuda.Event() if on_gpu else None
+        if self.copied is not None:
+            self.copied.record()
+
+    def tokens(self) -> list[list[int]]:
+        """Each row's new token ids, once the step has run (waits for it, without the interpreter lock)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        return [row[1 : 1 + row[0]] for row in self.host.tolist()]

@@ -17,6 +17,7 @@ import torch
 
 from services.asr.backend import StreamSettings
 from services.asr.engine.features import FeatureStream
+from services.asr.engine.step_graphs import TokenTable
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -84,7 +85,8 @@ class GroupResult:
     frames_computed: list[int]  # encoder frames the step computed for each stream ("each frame once")
     flops: float
     read_bytes: float
-    new_tokens: list[list[int]] | None = None  # already decoded (a padded step decodes in its own call)
+    # already decoded (a padded step decodes in its own call, and hands over its TokenTable on the way to the host)
+    new_tokens: list[list[int]] | TokenTable | None = None
 
 
 def record_encoder_output(
