@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")  # the asr environment always has it; the import is only slow
 
-from services.asr.engine.batching import _finish_holding  # noqa: E402
+from services.asr.engine.offline import finish_holding  # noqa: E402
 
 
 @pytest.mark.parametrize("cancels", [1, 3])
@@ -25,7 +25,7 @@ def test_a_cancelled_step_keeps_the_device_lock_until_its_thread_ends(cancels):
 
         async def call() -> None:
             async with lock:
-                await _finish_holding(asyncio.to_thread(step))
+                await finish_holding(asyncio.to_thread(step))
 
         caller = asyncio.create_task(call())
         await asyncio.sleep(0.05)
@@ -42,8 +42,8 @@ def test_a_cancelled_step_keeps_the_device_lock_until_its_thread_ends(cancels):
 
 def test_a_step_returns_its_result_and_raises_its_error():
     async def scenario() -> None:
-        assert await _finish_holding(asyncio.to_thread(lambda: 7)) == 7
+        assert await finish_holding(asyncio.to_thread(lambda: 7)) == 7
         with pytest.raises(ZeroDivisionError):
-            await _finish_holding(asyncio.to_thread(lambda: 1 / 0))
+            await finish_holding(asyncio.to_thread(lambda: 1 / 0))
 
     asyncio.run(scenario())

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 from services.asr.backend import StreamSettings  # noqa: E402
 from services.asr.backends.in_process import load_in_process  # noqa: E402
 from services.asr.config import AsrConfig  # noqa: E402
-from services.asr.engine.batching import OFFLINE_LANES  # noqa: E402
+from services.asr.engine.offline import OFFLINE_LANES  # noqa: E402
 
 MAX_STREAMS = 4
 

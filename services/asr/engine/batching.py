@@ -9,76 +9,47 @@ joining at the same moment (first steps cannot share a call with running streams
 by one device lock (two concurrent steps would only fight over the same cores or GPU). How a group is
 encoded — from per-stream caches or by re-encoding a window — is the subclass's `encode_group`.
 
-Offline clips (Recognize) up to `offline_pass_s` run as one encoder pass under that lock. A longer clip
-would hold it for seconds and stall every live stream, so it is stepped like a stream of its own, in an
-offline slot beside the live ones, for at most `offline_slice_ms` per hold of the lock; the lock is fair
-(first come, first served), so live steps that queued meanwhile run before its next slice. Stepping gives
-the streaming result, which for the cache-aware backend equals the offline pass (tests/asr/test_streaming.py).
+A step is launched (its host work: features and inputs; its device work queued) and then read back (its token
+table on the host, then each stream's update). With `overlap_steps` (on a GPU) a chunk size's next step is launched
+before the last one is read back: the host prepares one step, and reads the other back, while the device runs;
+the lock is held for launches only. On a CPU a step is done when launched, so overlapping would only delay it.
+Recognize calls go through the same lock (offline.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import heapq
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from services.asr import metrics
-from services.asr.backend import OfflineResult, RecognitionUpdate, StreamSettings
+from services.asr.backend import RecognitionUpdate, StreamSettings
 from services.asr.engine import fastconformer as fc
 from services.asr.engine import features
 from services.asr.engine.clocked import clocked_loop
 from services.asr.engine.greedy import GreedyDecoder
-from services.asr.engine.slots import upload
-from services.asr.engine.step_graphs import TokenTable
+from services.asr.engine.offline import OFFLINE_LANES, OfflineLane, finish_holding
+from services.asr.engine.step import Launched, Stepping
 from services.asr.engine.stream import GroupResult, Stream, record_encoder_output
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
 
 Arrival = tuple[np.ndarray | None, float]  # audio and when it arrived (time.perf_counter); None: the end
 Deliver = Callable[[RecognitionUpdate | BaseException], None]  # where a stream's updates go, on the event loop
-OFFLINE_LANES = 1  # long clips stepped at once; more wait for the lane (each holds a cache slot)
-
-
-async def _finish_holding(work: Awaitable):
-    """Await `work` (a step in a worker thread) even when cancelled: the caller holds the device lock, and
-    releasing it while the thread still runs would let a second step use the model at the same time (a
-    cancelled Recognize did exactly that, and a live step beside it failed inside the model). The work becomes a
-    task first: a coroutine can be awaited once only, so waiting again on the coroutine itself raised at once."""
-    task = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        while not task.done():  # cancelled again meanwhile: keep waiting, the lock is still ours
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({task})
-        if not task.cancelled():
-            task.exception()  # taken: the step's own failure is not the cancelled caller's to report
-        raise
-
-
-@dataclasses.dataclass
-class Launched:
-    """A step whose device work is queued: its streams, the mel frames each consumes, what encoding returned."""
-
-    streams: list[Stream]
-    sizes: list[int]
-    result: GroupResult
-    started: float  # time.perf_counter() when its host work began
 
 
 def _discard(update: RecognitionUpdate | BaseException) -> None:
     """Where the warm-up's and offline steps' updates go: nobody reads them."""
 
 
-class BatchingBackend:
+class BatchingBackend(Stepping, OfflineLane):
     """Streams, admission to cache slots, the per-chunk-size batching loops and delivery of hypotheses."""
 
     name = "nemo"
@@ -387,7 +358,7 @@ class BatchingBackend:
             stream.in_step = True
         try:
             async with self.device_lock:
-                launched = await _finish_holding(asyncio.to_thread(self._launch, batch))
+                launched = await finish_holding(asyncio.to_thread(self._launch, batch))
         except Exception as exc:  # an engine failure fails these streams, not the service
             self._settle(batch, [exc] * len(batch))
             return
@@ -411,7 +382,7 @@ class BatchingBackend:
     async def _collect_step(self, launched: Launched) -> None:
         # Not under the device lock: reading back touches no model state, only the step's own streams.
         try:
-            updates = await _finish_holding(asyncio.to_thread(self._collect, launched))
+            updates = await finish_holding(asyncio.to_thread(self._collect, launched))
         except Exception as exc:
             updates = [exc] * len(launched.streams)
         self._settle(launched.streams, updates)
@@ -459,187 +430,8 @@ class BatchingBackend:
             )
         )
 
-    # --- the step (worker thread) ------------------------------------------------------------------------
-    def _step(self, streams: list[Stream]) -> list[RecognitionUpdate]:
-        """One whole step of `streams` (worker thread): launched, then read back."""
-        return self._collect(self._launch(streams))
-
-    @torch.inference_mode()  # grad mode is per thread: the worker threads need it set themselves
-    def _launch(self, streams: list[Stream]) -> Launched:
-        """The step's host work before the device (features, inputs) and its device work, queued (worker thread,
-        under the device lock). A padded step's tokens are read back by `_collect`; other steps decode here."""
-        started = time.perf_counter()
-        self._reset_due_slots()
-        chunks, sizes = self._chunks(streams)
-        result = self.encode_group(streams, chunks)
-        if result.new_tokens is None:
-            lengths = upload(torch.tensor(result.lengths), self.device)
-            result.new_tokens = self.decoder.decode(result.encoded, lengths, [stream.slot for stream in streams])
-        if self.record_dir is not None:  # the static output is the next step's once that is launched
-            result.encoded = result.encoded.clone()
-        return Launched(streams, sizes, result, started)
-
-    @torch.inference_mode()
-    def _collect(self, launched: Launched) -> list[RecognitionUpdate]:
-        """Wait for a launched step's tokens, then each stream's update (worker thread, no device lock)."""
-        streams, sizes, result = launched.streams, launched.sizes, launched.result
-        new_tokens = result.new_tokens
-        if isinstance(new_tokens, TokenTable):
-            new_tokens = new_tokens.tokens()
-        finished = time.perf_counter()
-        chunk_label = str(streams[0].settings.chunk_ms)
-        metrics.step_batch.labels(chunk_label).observe(len(streams))
-        metrics.step_duration.labels(chunk_label).observe(finished - launched.started)
-        self.work.record_work(result.flops, result.read_bytes)
-        metrics.encoder_frames.labels(chunk_label).inc(sum(result.frames_computed))
-        metrics.audio_processed.labels(chunk_label).inc(sum(sizes) * features.HOP_SAMPLES / features.SAMPLE_RATE)
-        updates = []
-        for index, (stream, size, tokens) in enumerate(zip(streams, sizes, new_tokens, strict=True)):
-            completed_at = stream.arrival_of_sample(
-                (stream.mel_consumed + size - 1) * features.HOP_SAMPLES + features.STFT_HALF_WINDOW
-            )
-            stream.mel_consumed += size
-            known = len(stream.token_ids)
-            stream.token_ids += tokens
-            stream.transcript = self.detokenizer.extend(stream.transcript, stream.token_ids, known)
-            if self.record_dir is not None:
-                frames = result.encoded[index, :, : result.lengths[index]].T
-                stream.encoded.append(frames.float().cpu().numpy().copy())
-            updates.append(
-                RecognitionUpdate(
-                    transcript=stream.transcript,
-                    token_ids=tuple(stream.token_ids),
-                    is_final=False,
-                    audio_processed_s=stream.mel_consumed * features.HOP_SAMPLES / features.SAMPLE_RATE,
-                    processing_latency_s=max(0.0, finished - completed_at),
-                    chunk_index=stream.steps,
-                    encoder_frames=result.frames_computed[index],
-                    batch_size=len(streams),
-                )
-            )
-            stream.steps += 1
-        return updates
-
-    def _chunks(self, streams: list[Stream]) -> tuple[torch.Tensor | list[torch.Tensor], list[int]]:
-        """The mel frames each stream's step consumes, and how many: one batch [B, mel, frames] when every
-        stream takes the same number (the steady state), else a list.
-
-        The new frames of every stream come from one batched preprocessor call on the serving device (one call
-        per stream would cost a CPU STFT and a host-to-device copy per stream per step), and only the frames the
-        step consumes are computed (never a frame left for the next step to join to its new ones). In the steady
-        state no tensor operation here is per stream: on a GPU each one is host time per stream per step (the
-        join of left-over and new frames was a kernel launch per stream)."""
-        sizes = [self.chunk_mel(stream) for stream in streams]
-        segments = [
-            stream.feature_segment(stream.mel_consumed + size) for stream, size in zip(streams, sizes, strict=True)
-        ]
-        mel, busy = features.mel_batch(self.model.preprocessor, self.shape.mel_bins, segments, self.device)
-        skip, count = segments[0][1:]
-        if len(busy) == len(streams) and all(
-            segment[1] == skip and segment[2] == count == size for segment, size in zip(segments, sizes, strict=True)
-        ):
-            return mel[:, :, skip : skip + count], sizes
-        # A closed stream's last chunk (fewer frames, or none: only its final hypothesis is due), or a first step
-        # beside later ones: one view per stream.
-        chunks = [torch.zeros(self.shape.mel_bins, 0, device=self.device)] * len(streams)
-        for row, index in enumerate(busy):
-            _samples, skip, count = segments[index]
-            chunks[index] = mel[row, :, skip : skip + count]
-        return chunks, [chunk.shape[1] for chunk in chunks]
-
-    def _reset_due_slots(self) -> None:
-        """Reset every slot taken since the last step (steps are serialised, so no step reads one before)."""
-        with self.resets_lock:
-            due, self.resets_due = self.resets_due, []
-        if not due:
-            return
-        by_context: dict[int, tuple[list[int], list[int]]] = {}
-        for slot, context in due:
-            by_context.setdefault(context[0], ([], context))[0].append(slot)
-        for slots, context in by_context.values():
-            self.reset_slots(slots, context)
-        self.decoder.reset([slot for slot, _context in due])
-
-    # --- offline -----------------------------------------------------------------------------------------
-    async def transcribe(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
-        metrics.offline_requests.inc()
-        try:
-            if len(audio) <= self.offline_pass_samples:
-                async with self.device_lock:
-                    return await _finish_holding(asyncio.to_thread(self._offline, settings, audio))
-            return await self._transcribe_stepped(settings, audio)
-        finally:
-            metrics.offline_requests.dec()
-
-    async def _transcribe_stepped(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
-        """A long clip stepped chunk by chunk in an offline slot, one slice per hold of the device lock; a
-        cancelled call (client gone, deadline) stops at the end of the slice in progress."""
-        slot = await self.offline_slots.get()
-        try:
-            started = time.perf_counter()
-            stream = self._new_stream(settings, slot)
-            fed = 0
-            while not stream.closed or stream.mel_consumed < stream.mel_available():
-                async with self.device_lock:  # fair: live steps queued during the last slice go first
-                    fed = await _finish_holding(asyncio.to_thread(self._offline_slice, stream, audio, fed))
-            return OfflineResult(
-                transcript=stream.transcript,
-                token_ids=tuple(stream.token_ids),
-                audio_s=len(audio) / features.SAMPLE_RATE,
-                processing_s=time.perf_counter() - started,
-            )
-        finally:
-            self.offline_slots.put_nowait(slot)
-
-    def _offline_slice(self, stream: Stream, audio: np.ndarray, fed: int) -> int:
-        """Steps of one offline stream until its audio is consumed or the slice's engine time is spent. The
-        clip is fed a second at a time, as it would stream in, so no step computes the features of the whole
-        clip at once. Returns how many samples have been fed."""
-        started = time.perf_counter()
-        while time.perf_counter() - started < self.offline_slice_s:
-            while not stream.closed and stream.mel_available() < stream.mel_consumed + self.chunk_mel(stream):
-                piece = audio[fed : fed + features.SAMPLE_RATE]
-                fed += len(piece)
-                stream.append(piece, started)
-                if fed >= len(audio):
-                    stream.closed, stream.closed_at = True, time.perf_counter()
-            if stream.closed and stream.mel_consumed >= stream.mel_available():
-                break
-            self._step([stream])
-        return fed
-
-    @torch.inference_mode()
-    def _offline(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
-        started = time.perf_counter()
-        encoder = self.model.encoder
-        encoder.set_default_att_context_size(self.contexts[settings.chunk_ms])
-        signal = torch.from_numpy(audio).unsqueeze(0).to(self.device)
-        length = torch.tensor([signal.shape[1]], device=self.device)
-        mel, mel_len = self.model.preprocessor(input_signal=signal, length=length)
-        encoded, encoded_len = encoder(audio_signal=mel.to(self.dtype), length=mel_len)
-        token_ids: list[int] = []
-        if int(encoded_len[0]) > 0:
-            (hypothesis,) = self.model.decoding.rnnt_decoder_predictions_tensor(
-                encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True
-            )
-            token_ids = _token_list(hypothesis.y_sequence)
-        if self.record_dir is not None and settings.request_id != "warm-up":
-            frames = encoded[0, :, : int(encoded_len[0])].T.float().cpu().numpy()
-            name = f"{settings.request_id}.{self.name}"
-            record_encoder_output(self.record_dir, name, "offline", [frames], token_ids, self.shape.d_model)
-        return OfflineResult(
-            transcript=self.detokenizer(token_ids),
-            token_ids=tuple(token_ids),
-            audio_s=len(audio) / features.SAMPLE_RATE,
-            processing_s=time.perf_counter() - started,
-        )
-
 
 async def _arrivals(audio: AsyncIterator[np.ndarray]) -> AsyncIterator[Arrival]:
     async for piece in audio:
         yield piece, time.perf_counter()
     yield None, time.perf_counter()
-
-
-def _token_list(sequence) -> list[int]:
-    return sequence.tolist() if isinstance(sequence, torch.Tensor) else list(sequence)
