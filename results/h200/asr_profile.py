@@ -6,6 +6,10 @@ steady padded step (services/asr/engine/step_graphs.py) with a CUDA graph per ba
   a) the step as served: PaddedStep.run (inputs copied in, graph replayed, the token table read back), median of 10,
      and the graph replay alone, by CUDA events; the counted work (the service's FLOPs and bytes formulas) per step
      and the rates they imply;
+  With --variants, the served step is timed first for each attention variant (its graphs captured anew): `manual`
+  (NeMo's default: matmuls, a relative shift, masked softmax, as the presets run it) and `sdpa` (NeMo's own
+  `use_pytorch_sdpa` path: one scaled_dot_product_attention with the positional term as a float bias); the
+  profile then runs on the first.
   b) the same step eagerly under torch.profiler (3 steps): device time by phase x kernel class. Phases are the
      `record_function` ranges of PaddedStep._forward (cache gather, encoder, cache scatter, decoder) and, inside the
      encoder, the module it ran in (pre-encode, feed-forward, self-attention, convolution, norms), set by hooks here;
@@ -81,6 +85,25 @@ def timed_ms(run, on_cuda: bool, repeat: int) -> float:
     return statistics.median(times)
 
 
+def set_attention(encoder, variant: str) -> None:
+    """The encoder's self-attention as NeMo's manual path or its SDPA path (--variants)."""
+    for module in encoder.modules():
+        if type(module).__name__ == "RelPositionMultiHeadAttention":
+            module.use_pytorch_sdpa = variant == "sdpa"
+
+
+def time_step(step: PaddedStep, rows: int, on_cuda: bool, generator) -> tuple[torch.Tensor, list[int], float, float]:
+    """The served step of `rows` streams and its graph replay alone, ms (median of TIMED); and its inputs."""
+    slots = list(range(rows))
+    signal = torch.randn(rows, step.signal.shape[1], step.width, device=step.device, generator=generator)
+    signal = signal.to(step.signal.dtype)
+    for _ in range(3):
+        step.run(signal, slots)
+    served = timed_ms(lambda: step.run(signal, slots), on_cuda, TIMED)
+    replay = timed_ms(step.graphs[rows].replay, on_cuda, TIMED) if rows in step.graphs else float("nan")
+    return signal, slots, served, replay
+
+
 def profile_eager(step: PaddedStep, signal: torch.Tensor, slots: list[int], on_cuda: bool, fp32: bool) -> None:
     graphs, step.graphs = step.graphs, {}  # run() steps eagerly without graphs
     handles = phase_hooks(step.encoder)
@@ -130,6 +153,7 @@ def main() -> None:
     parser.add_argument("--chunk-ms", type=int, default=320)
     parser.add_argument("--batch", default="1024", help="batch sizes (streams per step), comma-separated")
     parser.add_argument("--no-profile", action="store_true", help="a) only")
+    parser.add_argument("--variants", default="manual", help="attention variants to time: manual, sdpa")
     args = parser.parse_args()
     batches, on_cuda = sorted(int(b) for b in args.batch.split(",")), args.device.startswith("cuda")
     started = time.perf_counter()
@@ -140,33 +164,45 @@ def main() -> None:
     backend = load_in_process(config)
     built = time.perf_counter() - started
     streams = (torch.cuda.Stream(), torch.cuda.Stream()) if on_cuda else None
-    step = PaddedStep(backend, args.chunk_ms, False, batches, backend.slot_count, on_cuda, streams=streams)
+    variants = args.variants.split(",")
+    steps = {}  # every variant's step (and graphs) kept: graphs are never destroyed while others run
+    for variant in reversed(variants):  # the first variant last, so it stands for the profile
+        set_attention(backend.model.encoder, variant)
+        steps[variant] = PaddedStep(
+            backend, args.chunk_ms, False, batches, backend.slot_count, on_cuda, streams=streams
+        )
+    step = steps[variants[0]]
     shape = backend.shape
     device = torch.cuda.get_device_name() if on_cuda else "cpu"
     print(
         f"{args.preset} {args.dtype} on {device}, torch {torch.__version__}; built in {built:.1f} s, steady "
         f"{args.chunk_ms} ms step: {step.width} mel frames -> {step.frames} encoder "
-        f"frames per row, left context {step.context[0]}; graphs for {sorted(step.graphs)} in {step.capture_s:.1f} s",
+        f"frames per row, left context {step.context[0]}; graphs for {sorted(step.graphs)} per variant "
+        f"({', '.join(f'{v} {steps[v].capture_s:.1f} s' for v in variants)})",
         flush=True,
     )
     generator = torch.Generator(device=args.device).manual_seed(0)
     with torch.inference_mode():
+        if len(variants) > 1:
+            print("\nserved step (ms, median of 10) by attention variant: " + ", ".join(variants))
+            for rows in batches:
+                cells = []
+                for variant in variants:
+                    set_attention(backend.model.encoder, variant)
+                    *_, served, replay = time_step(steps[variant], rows, on_cuda, generator)
+                    cells.append(f"{variant} {served:.2f} (replay {replay:.2f})")
+                print(f"  B = {rows}: " + "; ".join(cells), flush=True)
+        set_attention(backend.model.encoder, variants[0])
         for rows in batches:
-            slots = list(range(rows))
-            signal = torch.randn(rows, step.signal.shape[1], step.width, device=args.device, generator=generator)
-            signal = signal.to(step.signal.dtype)
-            for _ in range(3):
-                step.run(signal, slots)
-            served = timed_ms(lambda s=signal, at=slots: step.run(s, at), on_cuda, TIMED)
-            replay = timed_ms(step.graphs[rows].replay, on_cuda, TIMED) if rows in step.graphs else float("nan")
+            signal, slots, served, replay = time_step(step, rows, on_cuda, generator)
             keys = step.context[0] + step.frames
             flops = shape.step_flops(rows, step.frames, keys, step.width, step.frames + step.drop)
             read = shape.step_read_bytes(rows, with_cache=True)
             print(
-                f"\n===== B = {rows}: a) step as served {served:.2f} ms (graph replay alone {replay:.2f} ms), median "
-                f"of {TIMED}; {rows * args.chunk_ms / served:.0f} real-time streams if one step per chunk; counted "
-                f"{flops / 1e12:.2f} TFLOP and {read / 1e9:.2f} GB per step -> {flops / served / 1e9:.0f} TFLOP/s, "
-                f"{read / served / 1e6:.0f} GB/s",
+                f"\n===== B = {rows}, {variants[0]} attention: a) step as served {served:.2f} ms (graph replay alone "
+                f"{replay:.2f} ms), median of {TIMED}; {rows * args.chunk_ms / served:.0f} real-time streams if one "
+                f"step per chunk; counted {flops / 1e12:.2f} TFLOP and {read / 1e9:.2f} GB per step -> "
+                f"{flops / served / 1e9:.0f} TFLOP/s, {read / served / 1e6:.0f} GB/s",
                 flush=True,
             )
             if not args.no_profile:
