@@ -43,15 +43,17 @@ def main() -> None:
     parser.add_argument("--clip-s", type=float, default=6.4)
     parser.add_argument("--throughput", action="store_true", help="bench-asr's RTF probes instead of paced streams")
     parser.add_argument("--service-args", default="", help="flags for both services (one string)")
+    parser.add_argument("--builds", default="base,here", help="which to start: base, here or both (interleaved)")
     args = parser.parse_args()
     chunks = [int(chunk) for chunk in args.chunks.split(",")]
     paced = not args.throughput
-    flags = ["--preset", args.preset, "--max-streams", str(2 * args.max_streams)]
+    flags = ["--preset", args.preset, "--max-streams", str(args.max_streams + 64)]
     flags += ["--max-batch-streams", str(args.max_streams), "--device", args.device, "--dtype", args.dtype]
     flags += ["--graph-chunks", ",".join(map(str, chunks)), "--probe-ceilings", "false"]
     flags += shlex.split(args.service_args)
     started = time.perf_counter()
     builds = {"base": base_python(Path(args.base)), "here": venv_python("asr")}
+    builds = {name: builds[name] for name in args.builds.split(",")}  # one alone: two services may not fit a GPU
     services = {}
     clients = None
     try:
@@ -87,11 +89,9 @@ def main() -> None:
         f"flags {args.service_args or '(defaults)'}; base {args.base}; {args.clients} client processes; "
         f"clips {args.clip_s:g} s; search from {args.start_streams}, precision {args.precision}"
     )
-    print("chunk_ms | base | here | here/base")
+    print("chunk_ms | " + " | ".join(builds))
     for chunk_ms, result in found.items():
-        (base_n, base_at), (here_n, here_at) = result["base"], result["here"]
-        ratio = f"{here_n / base_n:.2f}x" if base_n else "-"
-        print(f"{chunk_ms:8d} | {base_n} ({base_at:.2f}) | {here_n} ({here_at:.2f}) | {ratio}")
+        print(f"{chunk_ms:8d} | " + " | ".join(f"{n} ({at:.2f})" for n, at in result.values()))
     print(f"total {time.perf_counter() - started:.0f} s")
 
 

@@ -18,7 +18,7 @@ OUT=${OUT:-/tmp/h200-out}
 mkdir -p "$OUT"
 CHUNKS=${CHUNKS:-320}
 SEARCH=${SEARCH:---runs 1 --trials 1 --precision 0.1 --clients 4 --threads 8}
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/site
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
 if [ ! -d /tmp/site/nemo ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHL:-.whl}/*.whl || exit 1
 fi
@@ -58,7 +58,7 @@ for stage in "$@"; do
             | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_eager_bench_$CHUNKS${TAG:-}.txt"
         ;;
     compare)
-        timeout -k 5 "${COMPARE_S:-300}" python3 -m results.h200.asr_compare --base "${BASE:-.base}" --chunks "$CHUNKS" \
+        timeout -k 5 "${COMPARE_S:-300}" python3 -m results.h200.asr_compare --base "${BASE:-.base}" --chunks "$CHUNKS" --builds "${BUILDS:-base,here}" \
             --max-streams "${LIMIT:-3072}" --start-streams "${START:-1024}" --service-args "${SERVICE_ARGS:-}" 2>&1 \
             | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_compare_$CHUNKS${TAG:-}.txt"
         ;;

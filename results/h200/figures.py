@@ -163,6 +163,104 @@ def asr_clocked_figures() -> dict:
     }
 
 
+ASR_PROBE = re.compile(r"^    probe: (\d+) streams, (\S+) \((\w+)\) ([\d.]+)$", re.M)
+ASR_FOUND = re.compile(r"^  (\w+) (\d+) ms: (\d+) streams \(\S+ ([\d.]+)\)$", re.M)
+ASR_COMPARE_FLAGS = re.compile(r"; flags (.*?); base")
+ASR_PROFILE_SERVED = re.compile(
+    r"^===== B = (\d+), (\w+) attention: a\) step as served ([\d.]+) ms \(graph replay alone ([\d.]+) ms\).*?"
+    r"counted ([\d.]+) TFLOP and ([\d.]+) GB per step",
+    re.M,
+)
+ASR_PROFILE_VARIANTS = re.compile(
+    r"^  B = (\d+): manual ([\d.]+) \(replay ([\d.]+)\); sdpa ([\d.]+) \(replay ([\d.]+)\)$", re.M
+)
+ASR_PROFILE_PHASES = (
+    "cache gather|encoder|pre-encode|feed-forward|self-attention|convolution|norms|positions|cache scatter|decoder|"
+    "outside phases|total"
+)
+ASR_PROFILE_ROW = re.compile(rf"^({ASR_PROFILE_PHASES})\s+([\d.\s]+)$", re.M)
+ASR_PROFILE_CLASSES = ("bf16 GEMM", "fp32 GEMM/conv", "attention", "copies", "elementwise/reduction", "other", "total")
+ASR_ENGINE_MARKS = {  # the engine process's py-spy at 1,024 paced streams (session 15): samples per stack function
+    "waiting_on_the_step": "TokenTable.tokens",
+    "launch": "Stepping._launch",
+    "collect": "Stepping._collect",
+    "gather_ready": "BatchingBackend._gather_ready",
+    "ready_checks": "BatchingBackend._ready",
+    "channel_flush": "Channel._flush",
+    "channel_receive": "Channel.receive",
+}
+
+
+def spy_marks(path: Path, marks: dict[str, str], rate_hz: int) -> dict:
+    """py_spy_summary with other marks."""
+    threads: dict[str, int] = {}
+    counts = dict.fromkeys(marks, 0)
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        name = frames[0].split(": ", 1)[-1]
+        threads[name] = threads.get(name, 0) + int(count)
+        for mark, function in marks.items():
+            if any(frame.startswith(function) for frame in frames[1:]):
+                counts[mark] += int(count)
+    return {"source": path.relative_to(RAW).as_posix(), "rate_hz": rate_hz, "samples_per_thread": threads, **counts}
+
+
+def asr_paced_figures() -> dict:
+    """Issue 17, session 15, on an H100 (the lent machine that came): paced real-time capacity at 320 ms of the tree
+    against session 14's measured code (1a5b88e, the base), each alone on the GPU; the steady step profiled by
+    phase x kernel class at 1,024 and 2,048 rows, with NeMo's SDPA attention timed beside; where the engine
+    process's time goes at 1,024 paced streams."""
+    folder = RAW / "asr_session15"
+    capacity = {}
+    for path in sorted(folder.glob("paced_320_*.txt")):
+        text = path.read_text()
+        ((build, chunk, streams, value),) = ASR_FOUND.findall(text)
+        capacity[path.stem.removeprefix("paced_320_")] = {
+            "source": path.relative_to(RAW).as_posix(), "build": build, "chunk_ms": int(chunk),
+            "service_flags": ASR_COMPARE_FLAGS.search(text).group(1), "real_time_streams": int(streams),
+            "p95_over_chunk": float(value),
+            "probes": [{"streams": int(n), "p95_over_chunk": float(v)} for n, _, _, v in ASR_PROBE.findall(text)],
+        }  # fmt: skip
+    profile = folder / "profile_320_manual.txt"
+    text = profile.read_text()
+    served = {
+        int(b): {
+            "served_ms": float(ms),
+            "replay_ms": float(replay),
+            "counted_tflop": float(tf),
+            "counted_gb": float(gb),
+        }
+        for b, _, ms, replay, tf, gb in ASR_PROFILE_SERVED.findall(text)
+    }
+    tables = text.split("===== B = ")[1:]
+    for batch, table in zip(sorted(served), tables, strict=True):
+        served[batch]["eager_device_ms_by_phase"] = {
+            phase: dict(zip(ASR_PROFILE_CLASSES, map(float, values.split()), strict=True))
+            for phase, values in ASR_PROFILE_ROW.findall(table)
+        }
+    variants = folder / "profile_320_variants.txt"
+    return {
+        "device": "H100 80GB HBM3",
+        "paced_capacity_320": capacity,
+        "step_profile_320": {"source": profile.relative_to(RAW).as_posix(), "by_batch": served},
+        "attention_variants_320": {
+            "source": variants.relative_to(RAW).as_posix(),
+            "by_batch": {
+                int(b): {
+                    "manual_ms": float(m),
+                    "manual_replay_ms": float(mr),
+                    "sdpa_ms": float(sd),
+                    "sdpa_replay_ms": float(sr),
+                }
+                for b, m, mr, sd, sr in ASR_PROFILE_VARIANTS.findall(variants.read_text())
+            },
+        },  # fmt: skip
+        "engine_py_spy_1024": spy_marks(folder / "spy" / "1024_4108.txt", ASR_ENGINE_MARKS, 200),
+        "frontend_py_spy_1024": spy_marks(folder / "spy" / "1024_4070.txt", {}, 200),
+    }
+
+
 ASR_STEP = re.compile(
     r"^bucket\s+(\d+) rows\s+(\d+): max \|graph - eager\| encoder (\S+), state (\S+), tokens equal (\w+)"
     r".*?(?:; step ([\d.]+) ms graph vs ([\d.]+) ms eager)?$",
@@ -564,6 +662,7 @@ def main() -> None:
         "asr_step_graphs": asr_step_figures(),
         "asr_graph_fix": asr_graph_fix_figures(),
         "asr_clocked": asr_clocked_figures(),
+        "asr_paced": asr_paced_figures(),
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "tts_profile": tts_profile_figures(),
