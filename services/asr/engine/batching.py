@@ -95,6 +95,12 @@ class BatchingBackend(Stepping, OfflineLane):
         self.contexts = {chunk_ms: fc.context_for_chunk_ms(model, chunk_ms) for chunk_ms in self.chunk_ms_choices}
         self.streams: dict[int, list[Stream]] = {chunk_ms: [] for chunk_ms in self.chunk_ms_choices}
         self.wake = {chunk_ms: asyncio.Event() for chunk_ms in self.chunk_ms_choices}
+        # Readiness, kept as it changes rather than scanned for: the streams whose readiness may have changed since
+        # a loop last looked (audio in, audio ended, a step read back, joined), and those not stepped yet (only
+        # they can be held by the join window). A scan of every stream per audio message cost the event loop
+        # O(streams) per message: at 1,024 paced streams on an H100 most of its time (results/h200/README.md, v6).
+        self.changed: dict[int, dict[Stream, None]] = {chunk_ms: {} for chunk_ms in self.chunk_ms_choices}
+        self.unstepped: dict[int, dict[Stream, None]] = {chunk_ms: {} for chunk_ms in self.chunk_ms_choices}
         self.last_join = dict.fromkeys(self.chunk_ms_choices, 0.0)
         # Labelled children looked up once: a labels() call per stream per step takes the GIL for a lookup.
         self.chunk_latency = {c: metrics.chunk_processing.labels(str(c)) for c in self.chunk_ms_choices}
@@ -206,6 +212,8 @@ class BatchingBackend(Stepping, OfflineLane):
         go to `deliver`, on the event loop, the last one final; then the caller calls `leave`."""
         stream = self._new_stream(settings, deliver=deliver)
         self.streams[settings.chunk_ms].append(stream)
+        self.unstepped[settings.chunk_ms][stream] = None
+        self._touch(stream)
         self.last_join[settings.chunk_ms] = stream.joined_at
         metrics.active_streams.labels(str(settings.chunk_ms)).inc()
         return stream
@@ -213,22 +221,24 @@ class BatchingBackend(Stepping, OfflineLane):
     def feed(self, stream: Stream, piece: np.ndarray, arrived_at: float) -> None:
         """More of a stream's audio, and when it arrived (time.perf_counter in the process that received it)."""
         stream.append(piece, arrived_at)
-        self.wake[stream.settings.chunk_ms].set()
+        self._touch(stream)
 
     def end_audio(self, stream: Stream, ended_at: float) -> None:
         """The stream's audio has ended (its client half-closed): the rest is stepped, then the final update."""
         stream.closed = True
         stream.closed_at = ended_at
-        self.wake[stream.settings.chunk_ms].set()
+        self._touch(stream)
 
     def leave(self, stream: Stream) -> None:
         """The stream is done (its final update delivered) or its client left: its slot is freed, after the step
         holding it if one is in flight."""
-        self.streams[stream.settings.chunk_ms].remove(stream)
-        metrics.active_streams.labels(str(stream.settings.chunk_ms)).dec()
-        if stream.in_step:
-            stream.abandoned = True  # the step in flight still writes this slot; free it afterwards
-        else:
+        chunk_ms = stream.settings.chunk_ms
+        self.streams[chunk_ms].remove(stream)
+        self.changed[chunk_ms].pop(stream, None)
+        self.unstepped[chunk_ms].pop(stream, None)
+        metrics.active_streams.labels(str(chunk_ms)).dec()
+        stream.abandoned = True  # never stepped again (a loop may still hold it in a batch it is filling)
+        if not stream.in_step:  # else the step in flight still writes this slot: freed afterwards
             self._release(stream)
 
     # --- live streams as async iterators: what the servicer uses in one process --------------------------------
@@ -268,6 +278,16 @@ class BatchingBackend(Stepping, OfflineLane):
             return
         self.end_audio(stream, ended_at or time.perf_counter())
 
+    def _touch(self, stream: Stream) -> None:
+        """`stream`'s readiness may have changed: its loop looks at it (and only at it) when it wakes."""
+        self.changed[stream.settings.chunk_ms][stream] = None
+        self.wake[stream.settings.chunk_ms].set()
+
+    def take_changed(self, chunk_ms: int) -> list[Stream]:
+        """The streams touched since the last call (in order), forgotten here."""
+        changed, self.changed[chunk_ms] = self.changed[chunk_ms], {}
+        return list(changed)
+
     def _held_until(self, stream: Stream) -> float:
         """Until when a new stream's first step waits for others joining (0: not held).
 
@@ -282,7 +302,7 @@ class BatchingBackend(Stepping, OfflineLane):
         return min(self.last_join[stream.settings.chunk_ms] + self.join_window_s, stream.joined_at + chunk_s)
 
     def _ready(self, stream: Stream) -> bool:
-        if stream.finished or stream.in_step:
+        if stream.finished or stream.in_step or stream.abandoned:
             return False
         if self._held_until(stream) > time.perf_counter():
             return False
@@ -296,28 +316,33 @@ class BatchingBackend(Stepping, OfflineLane):
 
         Streams' chunks complete at different moments; stepping each as soon as it is ready makes many small
         steps, each paying the per-step overhead (every layer's kernels once per step). Waiting a bounded
-        fraction of the chunk lets the batch fill: latency spent for capacity."""
+        fraction of the chunk lets the batch fill: latency spent for capacity. One look at every stream per call
+        (about one per step); while waiting, only the streams touched since are looked at."""
+        self.take_changed(chunk_ms)  # looked at now, all of them
         ready = [stream for stream in self.streams[chunk_ms] if self._ready(stream)]
-        waiting = [s for s in self.streams[chunk_ms] if not s.finished and not s.in_step]
-        if not ready or len(ready) >= min(len(waiting), self.max_batch_streams) or not self.batch_wait_fraction:
+        waiting = sum(1 for s in self.streams[chunk_ms] if not s.finished and not s.in_step)
+        if not ready or len(ready) >= min(waiting, self.max_batch_streams) or not self.batch_wait_fraction:
             return ready
         if await self.drain(chunk_ms):  # its streams' results do not wait for the batch to fill; they may be ready
             return await self._gather_ready(chunk_ms)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.batch_wait_fraction * chunk_ms / 1000
         wake = self.wake[chunk_ms]
-        while len(ready) < min(len(waiting), self.max_batch_streams) and (left := deadline - loop.time()) > 0:
+        taken = set(ready)
+        while len(ready) < min(waiting, self.max_batch_streams) and (left := deadline - loop.time()) > 0:
             wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), left)
-            ready = [stream for stream in self.streams[chunk_ms] if self._ready(stream)]
-            waiting = [s for s in self.streams[chunk_ms] if not s.finished and not s.in_step]
-        return ready
+            for stream in self.take_changed(chunk_ms):
+                if stream not in taken and self._ready(stream):
+                    ready.append(stream)
+                    taken.add(stream)
+        return [stream for stream in ready if self._ready(stream)]  # none left or failed meanwhile
 
     def _hold_left(self, chunk_ms: int) -> float | None:
         """Seconds until the first held stream may step, or None when none is held."""
         now = time.perf_counter()
-        held = [until - now for s in self.streams[chunk_ms] if (until := self._held_until(s)) > now]
+        held = [until - now for s in self.unstepped[chunk_ms] if (until := self._held_until(s)) > now]
         return min(held) if held else None
 
     async def _batch_loop(self, chunk_ms: int) -> None:
@@ -392,6 +417,8 @@ class BatchingBackend(Stepping, OfflineLane):
         latencies = []
         for stream, update in zip(batch, updates, strict=True):
             stream.in_step = False
+            if stream.steps:
+                self.unstepped[stream.settings.chunk_ms].pop(stream, None)
             if stream.abandoned:
                 self._release(stream)
             elif isinstance(update, BaseException):
@@ -400,6 +427,8 @@ class BatchingBackend(Stepping, OfflineLane):
             else:
                 latencies.append(update.processing_latency_s)
                 self._deliver(stream, update)
+                if not stream.finished:
+                    self._touch(stream)  # more of its audio may have come while it stepped
         if latencies:  # one call per step: from the engine process one message, not one per stream
             metrics.observe_all(self.chunk_latency[batch[0].settings.chunk_ms], latencies)
 

@@ -17,7 +17,6 @@ wait for the tick; they step at once, batch after batch, until one step from cau
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 
 from services.asr.engine.features import HOP_SAMPLES, SAMPLE_RATE
@@ -38,12 +37,17 @@ async def clocked_loop(backend, chunk_ms: int) -> None:
     wake = backend.wake[chunk_ms]
     loop = asyncio.get_running_loop()
     tick: float | None = None  # the next tick (loop time); None while the clock is stopped
+    everyone = True  # look at every stream: at start and after a timeout (a tick is due, a held stream is free)
     while True:
-        streams = backend.streams[chunk_ms]
+        # Between ticks a wake looks only at the streams touched since (audio in, ended, a step read back): one
+        # look at every stream per audio message made the loop O(streams) per message (backend.changed).
+        touched = backend.take_changed(chunk_ms)
+        streams = list(backend.streams[chunk_ms]) if everyone else touched
+        everyone = False
         for stream in streams:  # all audio stepped: the final hypothesis needs no step, so no tick either
             if (
                 stream.closed
-                and not (stream.finished or stream.in_step)
+                and not (stream.finished or stream.in_step or stream.abandoned)
                 and stream.mel_available() == stream.mel_consumed
             ):
                 backend._finish(stream)
@@ -55,7 +59,7 @@ async def clocked_loop(backend, chunk_ms: int) -> None:
         if tick is None and any(backend._ready(stream) for stream in streams):
             tick = now  # the first ready stream starts the clock
         if tick is not None and now >= tick:
-            ready = [stream for stream in streams if backend._ready(stream)]
+            ready = [stream for stream in backend.streams[chunk_ms] if backend._ready(stream)]  # once per tick
             if ready:
                 await backend._step_streams(ready, every_batch=True)
             if not any(not stream.finished for stream in backend.streams[chunk_ms]):
@@ -67,5 +71,7 @@ async def clocked_loop(backend, chunk_ms: int) -> None:
             continue
         wake.clear()
         waits = [left for left in (None if tick is None else tick - now, backend._hold_left(chunk_ms)) if left]
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(wake.wait(), min(waits) if waits else None)
+        except TimeoutError:
+            everyone = True

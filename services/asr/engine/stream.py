@@ -48,7 +48,7 @@ class Stream:
         self.closed = False
         self.closed_at = 0.0
         self.finished = False
-        self.abandoned = False  # the client went away; free the slot once no step holds it
+        self.abandoned = False  # it left (client gone, or done): never stepped again; slot freed once no step holds it
         self.in_step = False
         self.arrivals: collections.deque[tuple[int, float]] = collections.deque()  # (total samples, time)
         self.deliver = deliver  # where its updates (and its failure) go: a queue's put, or the engine's channel
