@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--chunks", default="320")
-    parser.add_argument("--max-streams", type=int, default=4096, help="search limit (each service has 2x the slots)")
+    parser.add_argument("--max-streams", type=int, default=4096, help="search limit (each service has 64 slots more)")
     parser.add_argument("--start-streams", type=int, default=512)
     parser.add_argument("--precision", type=float, default=0.1)
     parser.add_argument("--runs", type=int, default=1)

@@ -8,8 +8,9 @@ steady padded step (services/asr/engine/step_graphs.py) with a CUDA graph per ba
      and the rates they imply;
   With --variants, the served step is timed first for each attention variant (its graphs captured anew): `manual`
   (NeMo's default: matmuls, a relative shift, masked softmax, as the presets run it) and `sdpa` (NeMo's own
-  `use_pytorch_sdpa` path: one scaled_dot_product_attention with the positional term as a float bias); the
-  profile then runs on the first.
+  `use_pytorch_sdpa` path: one scaled_dot_product_attention with the positional term as a float bias) and `fused`
+  (engine/fused_encoder.py, `--fused-encoder`: that, without per-row copies, and pointwise convolutions as GEMMs);
+  the profile then runs on the first.
   b) the same step eagerly under torch.profiler (3 steps): device time by phase x kernel class. Phases are the
      `record_function` ranges of PaddedStep._forward (cache gather, encoder, cache scatter, decoder) and, inside the
      encoder, the module it ran in (pre-encode, feed-forward, self-attention, convolution, norms), set by hooks here;
@@ -28,9 +29,10 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from results.h200.kernel_profile import CLASSES, device_kernels, innermost, kernel_class, table
+from results.h200.kernel_profile import CLASSES, device_kernels, innermost, kernel_class, table, top_kernels
 from services.asr.backends.in_process import load_in_process
 from services.asr.config import AsrConfig
+from services.asr.engine import fused_encoder
 from services.asr.engine.step_graphs import PaddedStep
 
 STEP_RANGES = ("cache gather", "encoder", "cache scatter", "decoder")  # PaddedStep._forward's
@@ -86,10 +88,13 @@ def timed_ms(run, on_cuda: bool, repeat: int) -> float:
 
 
 def set_attention(encoder, variant: str) -> None:
-    """The encoder's self-attention as NeMo's manual path or its SDPA path (--variants)."""
+    """The encoder's self-attention as NeMo's manual path, its SDPA path, or the fused encoder (--variants)."""
     for module in encoder.modules():
+        module.__dict__.pop("forward", None)  # the class's forward again (fused_encoder.install binds its own)
         if type(module).__name__ == "RelPositionMultiHeadAttention":
             module.use_pytorch_sdpa = variant == "sdpa"
+    if variant == "fused":
+        fused_encoder.install(encoder)
 
 
 def time_step(step: PaddedStep, rows: int, on_cuda: bool, generator) -> tuple[torch.Tensor, list[int], float, float]:
@@ -134,13 +139,7 @@ def profile_eager(step: PaddedStep, signal: torch.Tensor, slots: list[int], on_c
     table(f"b) eager step, {kind} time by phase x class", cells, [*PHASES, "outside phases", "unattributed"], PROFILED)
     print(f"eager step wall {wall_ms:.1f} ms; {count / PROFILED:.0f} {'kernels' if on_cuda else 'ops'} per step")
     print(f"\ntop 20 {'kernels' if on_cuda else 'ops'} by total time: ms per step, count per step, main phase, class")
-    totals = {name: sum(v for p, v in c.items() if p != "count") for name, c in by_kernel.items()}
-    for name in sorted(totals, key=totals.get, reverse=True)[:20]:
-        phase = max((p for p in by_kernel[name] if p != "count"), key=by_kernel[name].get)
-        print(
-            f"{totals[name] / PROFILED / 1000:>8.3f} {by_kernel[name]['count'] / PROFILED:>6.0f}  {phase:<15} "
-            f"{kernel_class(name, fp32):<22} {name[:110]}"
-        )
+    top_kernels(by_kernel, PROFILED, lambda name, _phase: kernel_class(name, fp32), 20)
     columns = {c: sum(v for (_, k), v in cells.items() if k == c) / PROFILED / 1000 for c in CLASSES}
     print("by class (ms per step): " + ", ".join(f"{c} {v:.2f}" for c, v in columns.items()))
 
@@ -153,7 +152,7 @@ def main() -> None:
     parser.add_argument("--chunk-ms", type=int, default=320)
     parser.add_argument("--batch", default="1024", help="batch sizes (streams per step), comma-separated")
     parser.add_argument("--no-profile", action="store_true", help="a) only")
-    parser.add_argument("--variants", default="manual", help="attention variants to time: manual, sdpa")
+    parser.add_argument("--variants", default="manual", help="attention variants to time: manual, sdpa, fused")
     args = parser.parse_args()
     batches, on_cuda = sorted(int(b) for b in args.batch.split(",")), args.device.startswith("cuda")
     started = time.perf_counter()

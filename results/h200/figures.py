@@ -113,16 +113,17 @@ PY_SPY_MARKS = {  # where the README's py-spy figures come from: samples whose s
 }
 
 
-def py_spy_summary(path: Path) -> dict:
-    """A py-spy raw record (folded stacks, --threads): active samples per thread, and per mark in PY_SPY_MARKS."""
+def py_spy_summary(path: Path, functions: dict[str, str] = PY_SPY_MARKS) -> dict:
+    """A py-spy raw record (folded stacks, --threads, 200 Hz): active samples per thread, and per mark of `functions`
+    (the samples whose stack holds that function)."""
     threads: dict[str, int] = {}
-    marks = dict.fromkeys(PY_SPY_MARKS, 0)
+    marks = dict.fromkeys(functions, 0)
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
         name = frames[0].split(": ", 1)[-1]
         threads[name] = threads.get(name, 0) + int(count)
-        for mark, function in PY_SPY_MARKS.items():
+        for mark, function in functions.items():
             if any(frame.startswith(function) for frame in frames[1:]):
                 marks[mark] += int(count)
     return {"source": path.relative_to(RAW).as_posix(), "rate_hz": 200, "samples_per_thread": threads, **marks}
@@ -191,21 +192,6 @@ ASR_ENGINE_MARKS = {  # the engine process's py-spy at 1,024 paced streams (sess
 }
 
 
-def spy_marks(path: Path, marks: dict[str, str], rate_hz: int) -> dict:
-    """py_spy_summary with other marks."""
-    threads: dict[str, int] = {}
-    counts = dict.fromkeys(marks, 0)
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")
-        name = frames[0].split(": ", 1)[-1]
-        threads[name] = threads.get(name, 0) + int(count)
-        for mark, function in marks.items():
-            if any(frame.startswith(function) for frame in frames[1:]):
-                counts[mark] += int(count)
-    return {"source": path.relative_to(RAW).as_posix(), "rate_hz": rate_hz, "samples_per_thread": threads, **counts}
-
-
 def asr_paced_figures() -> dict:
     """Issue 17, session 15, on an H100 (the lent machine that came): paced real-time capacity at 320 ms of the tree
     against session 14's measured code (1a5b88e, the base), each alone on the GPU; the steady step profiled by
@@ -256,8 +242,8 @@ def asr_paced_figures() -> dict:
                 for b, m, mr, sd, sr in ASR_PROFILE_VARIANTS.findall(variants.read_text())
             },
         },  # fmt: skip
-        "engine_py_spy_1024": spy_marks(folder / "spy" / "1024_4108.txt", ASR_ENGINE_MARKS, 200),
-        "frontend_py_spy_1024": spy_marks(folder / "spy" / "1024_4070.txt", {}, 200),
+        "engine_py_spy_1024": py_spy_summary(folder / "spy" / "1024_4108.txt", ASR_ENGINE_MARKS),
+        "frontend_py_spy_1024": py_spy_summary(folder / "spy" / "1024_4070.txt", {}),
     }
 
 

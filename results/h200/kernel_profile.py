@@ -76,3 +76,15 @@ def table(title: str, cells: dict, rows, steps: int, columns=CLASSES) -> None:
             print(f"{row:<22}" + "".join(f"{v:>14.3f}" for v in (*values, sum(values))))
     totals = [sum(cells.get((r, c), 0.0) for r in rows) / steps / 1000 for c in columns]
     print(f"{'total':<22}" + "".join(f"{v:>14.3f}" for v in (*totals, sum(totals))))
+
+
+def top_kernels(by_kernel: dict[str, collections.Counter], steps: int, classify, count: int) -> None:
+    """Print the `count` kernels (ops on a CPU) with the most time: ms and launches per step, the phase holding most
+    of their time, their class (`classify(name, phase)`). `by_kernel`: name -> Counter of us per phase and "count"."""
+    totals = {name: sum(v for p, v in c.items() if p != "count") for name, c in by_kernel.items()}
+    for name in sorted(totals, key=totals.get, reverse=True)[:count]:
+        phase = max((p for p in by_kernel[name] if p != "count"), key=by_kernel[name].get)
+        print(
+            f"{totals[name] / steps / 1000:>8.3f} {by_kernel[name]['count'] / steps:>6.0f}  {phase:<15} "
+            f"{classify(name, phase):<22} {name[:110]}"
+        )

@@ -30,7 +30,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from results.h200.kernel_profile import device_kernels, innermost, kernel_class, table
+from results.h200.kernel_profile import device_kernels, innermost, kernel_class, table, top_kernels
 from services.tts.backends import voxcpm_model
 from services.tts.backends.batched_model import SOLVER_ATTENTION, BatchedVoxCPM
 from services.tts.backends.voxcpm import WorkerSpec, load_model
@@ -109,13 +109,8 @@ def profile_eager(engine: BatchedVoxCPM, slots: list[int], steps: int, on_cuda: 
             f"{idle / 1000:.2f} ms ({idle / span:.0%})"
         )
     print(f"\ntop 15 {'kernels' if on_cuda else 'ops'} by total time: ms per step, count per step, main phase, class")
-    totals = {name: sum(v for p, v in c.items() if p != "count") for name, c in by_kernel.items()}
-    for name in sorted(totals, key=totals.get, reverse=True)[:15]:
-        phase = max((p for p in by_kernel[name] if p != "count"), key=by_kernel[name].get)
-        print(
-            f"{totals[name] / steps / 1000:>8.3f} {by_kernel[name]['count'] / steps:>6.0f}  {phase:<14} "
-            f"{kernel_class(name, fp32_model or phase == 'vae decode'):<22} {name[:110]}"
-        )
+    classify = lambda name, phase: kernel_class(name, fp32_model or phase == "vae decode")  # noqa: E731
+    top_kernels(by_kernel, steps, classify, 15)
     return {phase: sum(v for (p, _), v in cells.items() if p == phase) / steps / 1000 for phase in PHASES}
 
 

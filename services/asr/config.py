@@ -113,6 +113,14 @@ class AsrConfig(ServingConfig):
             "step is done when launched, and overlapping would only delay its results): auto, on or off"
         },
     )
+    fused_encoder: bool = dataclasses.field(
+        default=False,
+        metadata={
+            "help": "run the encoder's self-attention and convolution modules in fewer, larger kernels (no per-row "
+            "copy of the positional projection, keys and values; pointwise convolutions as GEMMs); the same "
+            "results to float rounding (engine/fused_encoder.py; off until measured on a GPU)"
+        },
+    )
     cuda_graphs: bool = dataclasses.field(
         default=True,
         metadata={

@@ -71,6 +71,20 @@ def recorded(record_dir, request_id: str, backend: str, kind: str) -> tuple[np.n
     return data["encoded"], data["token_ids"].tolist()
 
 
+def equals_offline(service, record_dir, request_id: str, chunk_ms: int, audio: np.ndarray, final) -> None:
+    """The stream `request_id` (its final response `final`) equals a Recognize of the same clip: the encoder outputs
+    both recorded (within float reordering), their tokens, their transcripts."""
+    offline = stub(service).Recognize(
+        asr_pb2.RecognizeRequest(config=config(chunk_ms, request_id=request_id), audio=audio.tobytes()), timeout=60
+    )
+    streamed, streamed_tokens = recorded(record_dir, request_id, "nemo-cache-aware", "streaming")
+    reference, reference_tokens = recorded(record_dir, request_id, "nemo-cache-aware", "offline")
+    assert streamed.shape == reference.shape
+    np.testing.assert_allclose(streamed, reference, atol=1e-4, rtol=0)  # float reordering only
+    assert streamed_tokens == reference_tokens
+    assert final.is_final and final.transcript == offline.transcript
+
+
 def metric(service, name: str, **labels) -> float:
     """Sum of the samples of `name` whose labels include `labels` (0 when there are none yet)."""
     return sample_sum(scrape_samples(service.metrics_url), name, default=0.0, **labels)

@@ -7,11 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.asr.client import clip, config, metric, recorded, streams_together, stub
-from voiceagent.v1 import asr_pb2, common_pb2
-
-BACKEND = "nemo-cache-aware"
-TOLERANCE = 1e-4
+from tests.asr.client import clip, config, equals_offline, metric, streams_together, stub
+from voiceagent.v1 import common_pb2
 
 
 @pytest.mark.parametrize("chunk_ms", [80, 320])
@@ -30,15 +27,7 @@ def test_overlapped_steps_give_each_stream_its_offline_result_in_order(overlappe
         assert [r.chunk_index for r in partials] == list(range(len(partials)))
         steps = np.diff([r.audio_processed_s for r in partials])
         np.testing.assert_allclose(steps[:-1], chunk_ms / 1000, atol=1e-9)
-        offline = stub(overlapped).Recognize(
-            asr_pb2.RecognizeRequest(config=config(chunk_ms, request_id=request_id), audio=audio.tobytes()), timeout=60
-        )
-        streamed, streamed_tokens = recorded(record_dir, request_id, BACKEND, "streaming")
-        reference, reference_tokens = recorded(record_dir, request_id, BACKEND, "offline")
-        assert streamed.shape == reference.shape
-        np.testing.assert_allclose(streamed, reference, atol=TOLERANCE, rtol=0)
-        assert streamed_tokens == reference_tokens
-        assert responses[-1].is_final and responses[-1].transcript == offline.transcript
+        equals_offline(overlapped, record_dir, request_id, chunk_ms, audio, responses[-1])
 
 
 def test_overlap_is_reported_and_off_by_default_on_the_cpu(overlapped, cache_aware):

@@ -3,15 +3,11 @@ stream, slots mapped by index, and streaming that still equals offline, over a r
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from services.asr.engine.step_graphs import bucket_for, buckets_up_to
-from tests.asr.client import CHUNK_MS, clip, config, metric, recorded, stream, streams_together, stub
-from voiceagent.v1 import asr_pb2, common_pb2
-
-BACKEND = "nemo-cache-aware"
-TOLERANCE = 1e-4
+from tests.asr.client import CHUNK_MS, clip, config, equals_offline, metric, stream, streams_together, stub
+from voiceagent.v1 import common_pb2
 
 
 def test_buckets_are_powers_of_two_then_multiples_of_64_up_to_the_batch_limit():
@@ -33,26 +29,14 @@ def _padded_rows(service, chunk_ms: int) -> tuple[float, float]:
     )
 
 
-def _equals_offline(service, record_dir, request_id: str, chunk_ms: int, audio: np.ndarray, final) -> None:
-    offline = stub(service).Recognize(
-        asr_pb2.RecognizeRequest(config=config(chunk_ms, request_id=request_id), audio=audio.tobytes()), timeout=60
-    )
-    streamed, streamed_tokens = recorded(record_dir, request_id, BACKEND, "streaming")
-    reference, reference_tokens = recorded(record_dir, request_id, BACKEND, "offline")
-    assert streamed.shape == reference.shape
-    np.testing.assert_allclose(streamed, reference, atol=TOLERANCE, rtol=0)
-    assert streamed_tokens == reference_tokens
-    assert final.is_final and final.transcript == offline.transcript
-
-
 @pytest.mark.parametrize("chunk_ms", CHUNK_MS)
-def test_one_stream_on_padded_steps_equals_offline(padded, record_dir, chunk_ms):
+def test_one_stream_on_padded_stepsequals_offline(padded, record_dir, chunk_ms):
     before = _padded_rows(padded, chunk_ms)
     audio = clip(2.345, seed=100 + chunk_ms)
     responses = stream(padded, config(chunk_ms, request_id=f"padded-one-{chunk_ms}"), audio)
     streams, padding = (a - b for a, b in zip(_padded_rows(padded, chunk_ms), before, strict=True))
     assert streams >= 1 and padding == 0  # steady steps of one stream ran in bucket 1
-    _equals_offline(padded, record_dir, f"padded-one-{chunk_ms}", chunk_ms, audio, responses[-1])
+    equals_offline(padded, record_dir, f"padded-one-{chunk_ms}", chunk_ms, audio, responses[-1])
 
 
 @pytest.mark.parametrize("chunk_ms", [80, 320])
@@ -69,7 +53,7 @@ def test_padding_rows_never_reach_a_stream(padded, record_dir, chunk_ms):
     assert padding >= 1, "no step ran on a padded bucket"
     assert max(r.batch_size for r in results[1]) == 3
     for request_id, audio, responses in zip(ids, clips, results, strict=True):
-        _equals_offline(padded, record_dir, request_id, chunk_ms, audio, responses[-1])
+        equals_offline(padded, record_dir, request_id, chunk_ms, audio, responses[-1])
 
 
 def test_padded_steps_reported(padded):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from services.asr.engine import fastconformer
+from services.asr.engine import fastconformer, fused_encoder
 
 if TYPE_CHECKING:
     from services.asr.backend import RecognizerBackend
@@ -26,6 +26,8 @@ def load_in_process(config: AsrConfig) -> RecognizerBackend:
     # Everything runs on the serving device: the mel front end too, batched over the streams of a step.
     # The encoder, decoder and joint compute in the configured dtype (their weights and the streaming
     # caches are cast); the preprocessor stays float32, as NeMo requires, and its output is cast.
+    if config.fused_encoder:
+        fused_encoder.install(model.encoder)
     model = model.to(config.device)
     dtype = getattr(torch, config.dtype)
     for module in (model.encoder, model.decoder, model.joint):
@@ -42,6 +44,7 @@ def load_in_process(config: AsrConfig) -> RecognizerBackend:
         offline_slice_ms=config.offline_slice_ms,
         step_policy=config.step_policy,
         overlap_steps=config.overlapped,
+        fused_encoder=config.fused_encoder,
     )
     if config.backend == "buffered":
         from services.asr.backends.nemo_buffered import BufferedBackend

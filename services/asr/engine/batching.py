@@ -69,6 +69,7 @@ class BatchingBackend(Stepping, OfflineLane):
         offline_slice_ms: float = 50.0,
         step_policy: str = "ready",
         overlap_steps: bool = False,
+        fused_encoder: bool = False,
     ):
         self.model = model
         self.source = source
@@ -83,6 +84,7 @@ class BatchingBackend(Stepping, OfflineLane):
         # Launch a chunk size's next step before reading the last one back (module docstring): at most one step
         # per chunk size waits to be read back, here.
         self.overlap_steps = overlap_steps
+        self.fused_encoder = fused_encoder  # the model's attention and convolution modules (engine/fused_encoder.py)
         self.in_flight: dict[int, Launched] = {}
         self.slot_count = max_streams + OFFLINE_LANES  # the last OFFLINE_LANES slots step long offline clips
         self.record_dir = Path(record_dir) if record_dir else None
@@ -185,6 +187,7 @@ class BatchingBackend(Stepping, OfflineLane):
             "offline_slice_ms": self.offline_slice_s * 1000,
             "clocked_steps": float(self.step_policy == "clocked"),
             "overlap_steps": float(self.overlap_steps),
+            "fused_encoder": float(self.fused_encoder),
         }
 
     # --- streams -----------------------------------------------------------------------------------------
