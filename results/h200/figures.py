@@ -129,6 +129,16 @@ def py_spy_summary(path: Path, functions: dict[str, str] = PY_SPY_MARKS) -> dict
     return {"source": path.relative_to(RAW).as_posix(), "rate_hz": 200, "samples_per_thread": threads, **marks}
 
 
+def split_levels(text: str, value: str) -> list[dict]:
+    """asr_cpu_split.py's level rows; `value` names its third column (rtf, or p95_over_chunk with --paced)."""
+    return [
+        {"streams": int(n), "clients": int(k), value: float(v), "wall_s": float(wall),
+         "engine_processes_cpu_s_per_s": float(engine), "clients_cpu_s_per_s": float(clients), "steps": int(steps),
+         "streams_per_step": float(per_step), "ms_per_step": int(ms), "stepping_share_of_wall": float(share)}
+        for n, k, v, wall, engine, clients, steps, per_step, ms, share in ASR_SPLIT_LEVEL.findall(text)
+    ]  # fmt: skip
+
+
 def asr_clocked_figures() -> dict:
     """Issue 17, session 14: capacity through gRPC at 320/80 ms with the clocked policy and front ends (one trial
     each), and where the engine process's time goes at 704 streams (asr_cpu_split.py)."""
@@ -143,12 +153,7 @@ def asr_clocked_figures() -> dict:
         }
     split = folder / "asr_cpu_split_clocked_fe4.txt"
     text = split.read_text()
-    levels = [
-        {"streams": int(n), "clients": int(k), "rtf": float(rtf), "wall_s": float(wall),
-         "engine_processes_cpu_s_per_s": float(engine), "clients_cpu_s_per_s": float(clients), "steps": int(steps),
-         "streams_per_step": float(per_step), "ms_per_step": int(ms), "stepping_share_of_wall": float(share)}
-        for n, k, rtf, wall, engine, clients, steps, per_step, ms, share in ASR_SPLIT_LEVEL.findall(text)
-    ]  # fmt: skip
+    levels = split_levels(text, "rtf")
     processes = [
         {"pid": int(pid), "cpu_s_per_s": float(cpu), "busiest_thread": name, "busiest_thread_cpu_s_per_s": float(top)}
         for pid, cpu, name, top in ASR_SPLIT_PROCESS.findall(text)
@@ -242,6 +247,10 @@ def asr_paced_figures() -> dict:
                 for b, m, mr, sd, sr in ASR_PROFILE_VARIANTS.findall(variants.read_text())
             },
         },  # fmt: skip
+        "cpu_split_1024": {
+            "source": (folder / "split_320_1024.txt").relative_to(RAW).as_posix(),
+            "levels": split_levels((folder / "split_320_1024.txt").read_text(), "p95_over_chunk"),
+        },
         "engine_py_spy_1024": py_spy_summary(folder / "spy" / "1024_4108.txt", ASR_ENGINE_MARKS),
         "frontend_py_spy_1024": py_spy_summary(folder / "spy" / "1024_4070.txt", {}),
     }

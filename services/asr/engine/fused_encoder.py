@@ -21,9 +21,9 @@ import math
 import types
 
 import torch
+from nemo.collections.asr.parts.submodules.multi_head_attention import INF_VAL
+from nemo.utils import avoid_float16_autocast_context
 from torch.nn import functional
-
-MASKED = -10000.0  # NeMo's INF_VAL: the score of a masked position
 
 
 def install(encoder) -> int:
@@ -45,6 +45,13 @@ def _attention_forward(self, query, key, value, mask, pos_emb, cache=None):
     key, value, query, cache = self.update_cache(key=key, value=value, query=query, cache=cache)
     if torch.is_autocast_enabled():  # as NeMo: attention in float32 under autocast
         query, key, value = query.float(), key.float(), value.float()
+    with avoid_float16_autocast_context():  # as NeMo
+        out = _attend(self, query, key, value, mask, pos_emb)
+    return out if cache is None else (out, cache)
+
+
+def _attend(self, query, key, value, mask, pos_emb):
+    """The attention proper of `_attention_forward`, after the cache update."""
     batch, time1 = query.shape[:2]
     heads, width = self.h, self.d_k
     q = self.linear_q(query).view(batch, time1, heads, width)
@@ -59,13 +66,12 @@ def _attention_forward(self, query, key, value, mask, pos_emb, cache=None):
         bd = torch.einsum("bthd,bphd->bhtp", with_v, positions)
     bd = self.rel_shift(bd)[:, :, :, : k.size(-2)] * (1 / math.sqrt(width))
     if mask is not None:
-        bd = bd.masked_fill(mask.unsqueeze(1), MASKED)
+        bd = bd.masked_fill(mask.unsqueeze(1), -INF_VAL)
     dropout = self.dropout_rate if self.training else 0.0
     out = functional.scaled_dot_product_attention(with_u, k, v, attn_mask=bd, dropout_p=dropout)
     if mask is not None:  # a row whose positions are all masked attends to nothing (NeMo's manual path: zeros)
         out = out.masked_fill(torch.all(mask, dim=-1)[:, None, :, None], 0.0)
-    out = self.linear_out(out.transpose(1, 2).reshape(batch, time1, heads * width))
-    return out if cache is None else (out, cache)
+    return self.linear_out(out.transpose(1, 2).reshape(batch, time1, heads * width))
 
 
 def _convolution_forward(self, x, pad_mask=None, cache=None):
