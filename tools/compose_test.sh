@@ -7,8 +7,9 @@
 #   3. a wheelhouse filled once with `pip wheel` from this machine's pip configuration (its CPU torch wheel) ->
 #      deploy/docker/wheelhouse/, so the builds install offline and never resolve CUDA torch;
 #   4. the four images (asr, llm, tts on CPU; loadgen) with PYTHON_IMAGE=$BASE_IMAGE, and Prometheus from
-#      Debian's package: the runtime stage they share (torch + serving requirements) once, then all five in
-#      parallel; docker's layer cache makes a second run rebuild only what changed;
+#      Debian's package: the runtime stage they share (torch + serving requirements) first, then the others one
+#      after another (Debian's dockerd 20.10 can crash when builds of one context run at once, see images());
+#      docker's layer cache makes a second run rebuild only what changed;
 #   5. tests/compose (pytest): the stack up, health, a sweep from the loadgen container, Prometheus targets and
 #      dashboard queries, three TTS replicas behind dns:/// round_robin, down.
 # Every step is timed; `COMPOSE_TEST_STEPS="engine base wheels images"` runs a subset (tools/test.sh runs all).
@@ -39,13 +40,31 @@ engine() {
         as_root apt-get update -q
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io docker-compose debootstrap
     fi
-    if ! $DOCKER info >/dev/null 2>&1; then
-        echo "compose-test: starting dockerd (log: /tmp/compose-test-dockerd.log)"
-        as_root sh -c 'nohup dockerd >/tmp/compose-test-dockerd.log 2>&1 &'
-        for _ in $(seq 60); do $DOCKER info >/dev/null 2>&1 && break; sleep 1; done
-    fi
+    start_dockerd
     $DOCKER info --format 'engine: docker {{.ServerVersion}}, {{.Driver}}, cgroup {{.CgroupDriver}}'
     docker-compose version --short
+}
+
+DOCKERD_LOG=/tmp/compose-test-dockerd.log
+
+start_dockerd() {  # start dockerd when none answers; its log is appended to, so an earlier crash stays readable
+    $DOCKER info >/dev/null 2>&1 && return
+    echo "compose-test: starting dockerd (log: $DOCKERD_LOG)"
+    as_root sh -c "echo '--- compose-test: dockerd started $(date -u +%FT%TZ)' >>$DOCKERD_LOG; nohup dockerd >>$DOCKERD_LOG 2>&1 &"
+    for _ in $(seq 60); do $DOCKER info >/dev/null 2>&1 && return; sleep 1; done
+    echo "compose-test: dockerd did not answer within 60 s; the end of its log:" >&2
+    tail -20 "$DOCKERD_LOG" >&2
+    return 1
+}
+
+daemon_died() {  # after a failed build: true (and says what the daemon printed) when dockerd no longer answers
+    $DOCKER info >/dev/null 2>&1 && return 1
+    echo "compose-test: dockerd no longer answers; what it printed as it ended ($DOCKERD_LOG):" >&2
+    local last
+    last=$(awk '/^--- compose-test: dockerd started/ { section = "" } { section = section $0 "\n" } END { printf "%s", section }' \
+        "$DOCKERD_LOG" 2>/dev/null)  # the log since the last start
+    grep -m1 -B2 -A12 -E '^(panic|fatal error)' <<<"$last" >&2 || tail -20 <<<"$last" >&2
+    return 0
 }
 
 base() {
@@ -111,29 +130,38 @@ build() {  # build NAME DOCKERFILE TAG [ARGS...]
     start=$(date +%s)
     mkdir -p reports/compose-build
     # BuildKit's step-by-step log (each step's time, CACHED where the layer cache served it) for a failure or a look.
-    $DOCKER build --progress plain --network host --build-arg PYTHON_IMAGE="$BASE_IMAGE" -f "$dockerfile" -t "$tag" \
-        "$@" . >"reports/compose-build/$name.log" 2>&1 || { tail -30 "reports/compose-build/$name.log"; return 1; }
+    # A daemon that died under a build (a crash, not the build's own failure) is started again and the build
+    # retried once, after saying what the daemon printed; a failing build fails.
+    local try
+    for try in 1 2; do
+        $DOCKER build --progress plain --network host --build-arg PYTHON_IMAGE="$BASE_IMAGE" -f "$dockerfile" \
+            -t "$tag" "$@" . >"reports/compose-build/$name.log" 2>&1 && break
+        tail -30 "reports/compose-build/$name.log"
+        if [ "$try" = 1 ] && daemon_died; then
+            echo "compose-test: $name: starting dockerd again and building $name once more" >&2
+            start_dockerd || return 1
+            continue
+        fi
+        return 1
+    done
     printf '  %-10s %-28s %5d s  %s\n' "$name" "$tag" $(( $(date +%s) - start )) \
         "$($DOCKER image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1 / 1e9}')"
 }
 
 images() {
-    # The runtime stage every image shares (torch and the serving requirements) first, alone, so the four builds
-    # find it in the layer cache; then the four images and Prometheus at once: each only adds its own packages,
-    # and one build's pip unpacking overlaps another's layer commit.
+    # The runtime stage every image shares (torch and the serving requirements) first, so the others find it in
+    # the layer cache and only add their own packages; one build at a time: Debian's dockerd 20.10 (BuildKit
+    # 0.8) crashed here with SIGSEGV in BuildKit's content-hash cache (contenthash.(*CacheRecord).Unmarshal,
+    # moby/buildkit#1913 and #2861) while five builds of this one context ran at once, failing CI. Cold, one
+    # after another costs a few minutes more than at once; warm, seconds either way.
     build runtime deploy/docker/Dockerfile voiceagent-local/runtime:cpu --target runtime --build-arg DEVICE=cpu
-    local pids=() failed=0
+    local service
     for service in asr llm tts; do
-        build "$service" deploy/docker/Dockerfile "voiceagent/$service:cpu" --target "$service" --build-arg DEVICE=cpu &
-        pids+=($!)
+        build "$service" deploy/docker/Dockerfile "voiceagent/$service:cpu" --target "$service" --build-arg DEVICE=cpu
     done
-    build loadgen deploy/docker/Dockerfile voiceagent/loadgen:0.1.0 --target loadgen &
-    pids+=($!)
+    build loadgen deploy/docker/Dockerfile voiceagent/loadgen:0.1.0 --target loadgen
     build prometheus deploy/monitoring/prometheus/Dockerfile voiceagent-local/prometheus:debian \
-        --build-arg DEBIAN_IMAGE="$BASE_IMAGE" &
-    pids+=($!)
-    for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-    return $failed
+        --build-arg DEBIAN_IMAGE="$BASE_IMAGE"
 }
 
 tests() {
