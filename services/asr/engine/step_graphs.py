@@ -275,6 +275,10 @@ class TokenTable:
         if self.copied is not None:
             self.copied.record()
 
+    def has_run(self) -> bool:
+        """Whether the step and its copy are done (`tokens` would not wait); never blocks."""
+        return self.copied is None or self.copied.query()
+
     def tokens(self) -> list[list[int]]:
         """Each row's new token ids, once the step has run (waits for it, without the interpreter lock)."""
         if self.copied is not None:
