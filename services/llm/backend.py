@@ -45,6 +45,7 @@ class GenerationRequest:
     request_id: str
     prompt: Prompt
     sampling: Sampling
+    received_at: float = 0.0  # time.perf_counter() when a backend's `prepare` began with it (0: not prepared)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +94,14 @@ class TextGenerator(Protocol):
     def facts(self) -> ModelFacts: ...
 
     def limits(self) -> Mapping[str, float]: ...
+
+    async def prepare(self, request: GenerationRequest) -> GenerationRequest:
+        """What the model has to check before the request is admitted, done off the event loop: tokenise it
+        (with the chat template) and check it against the model's length; the request returned carries its
+        prompt as token ids, ready for `generate`. Raises InvalidRequest. The servicer calls it before taking a
+        place in max_in_flight, so a prompt the model refuses never holds one a good request needs. A backend
+        that cannot check without its engine (a remote one) returns the request as it is."""
+        ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
         """Stream deltas as the engine produces them. Raises InvalidRequest before the first delta when the

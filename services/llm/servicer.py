@@ -333,6 +333,9 @@ class LlmService(llm_pb2_grpc.TextGeneratorServicer):
                 prompt=to_prompt(request, self.prompt_limits),
                 sampling=to_sampling(request.sampling, self.prompt_limits.max_model_len),
             )
+            # Tokenised and checked against the model before admission: a prompt the model refuses never holds a
+            # place in max_in_flight (two clients sending such prompts locked a good one out of a limit of 2).
+            generation = await self.generator.prepare(generation)
         except InvalidRequest as error:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         if not self.admission.try_enter():

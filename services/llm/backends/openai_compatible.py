@@ -253,6 +253,10 @@ class OpenAICompatibleGenerator:
         known = {"upstream_max_connections": self.connections}
         return {**known, "max_model_len": self.max_model_len} if self.max_model_len else known
 
+    async def prepare(self, request: GenerationRequest) -> GenerationRequest:
+        """Nothing to check here: the upstream tokenises and refuses (its 400s become INVALID_ARGUMENT)."""
+        return request
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
         received = time.perf_counter()
         if not self.model:

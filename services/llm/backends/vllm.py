@@ -357,29 +357,47 @@ class VllmGenerator:
                 )
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
-        received = time.perf_counter()
-        sampling = request.sampling
-        if self.failure or self.engine.errored:
-            raise EngineUnavailable(self.failure or "the LLM engine is gone; the service is restarting")
-        if isinstance(request.prompt, tuple) and request.prompt and not isinstance(request.prompt[0], ChatTurn):
-            prompt_ids = list(request.prompt)  # token ids: nothing to tokenise
+    async def prepare(self, request: GenerationRequest) -> GenerationRequest:
+        received = request.received_at or time.perf_counter()
+        prompt = request.prompt
+        if isinstance(prompt, tuple) and prompt and not isinstance(prompt[0], ChatTurn):
+            prompt_ids = prompt  # token ids: nothing to tokenise
         else:
             # Tokenising (and a chat template) takes ~1 ms per 4 KB; off the event loop, other streams keep going
             # (the tokenizers library releases the interpreter lock while it encodes); a long prompt in the
             # background lane, at a lower CPU priority.
-            room = self.max_model_len - sampling.max_tokens
-            lane = self.long_prompts if prompt_chars(request.prompt) > LONG_PROMPT_CHARS else None
-            prompt_ids = await asyncio.get_running_loop().run_in_executor(lane, self._prompt_ids, request.prompt, room)
+            room = self.max_model_len - request.sampling.max_tokens
+            lane = self.long_prompts if prompt_chars(prompt) > LONG_PROMPT_CHARS else None
+            prompt_ids = tuple(
+                await asyncio.get_running_loop().run_in_executor(lane, self._prompt_ids, prompt, room)
+            )
         if not prompt_ids:
             raise InvalidRequest("prompt", "is empty after tokenisation")
-        prompt_len = len(prompt_ids)
-        if prompt_len + sampling.max_tokens > self.max_model_len:
+        self._check_length(len(prompt_ids), request.sampling.max_tokens)
+        return dataclasses.replace(request, prompt=prompt_ids, received_at=received)
+
+    def _check_length(self, prompt_len: int, max_tokens: int) -> None:
+        """The prompt and its completion fit the model: the prompt is blamed when it alone leaves no room."""
+        if prompt_len + max_tokens <= self.max_model_len:
+            return
+        if prompt_len >= self.max_model_len:
             raise InvalidRequest(
-                "sampling.max_tokens",
-                f"prompt ({prompt_len} tokens) + max_tokens ({sampling.max_tokens}) exceeds the model's "
-                f"max length of {self.max_model_len} tokens",
+                "prompt",
+                f"{prompt_len} tokens: the model's max length is {self.max_model_len} tokens, prompt and "
+                f"completion together",
             )
+        raise InvalidRequest(
+            "sampling.max_tokens",
+            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the model's max length of "
+            f"{self.max_model_len} tokens",
+        )
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenDelta]:
+        if self.failure or self.engine.errored:
+            raise EngineUnavailable(self.failure or "the LLM engine is gone; the service is restarting")
+        request = await self.prepare(request)  # done by the servicer already: then only the length is checked
+        received, sampling, prompt_ids = request.received_at, request.sampling, list(request.prompt)
+        prompt_len = len(prompt_ids)
         try:  # vLLM's own checks of what the servicer does not check itself
             params = SamplingParams(
                 max_tokens=sampling.max_tokens,
