@@ -368,9 +368,7 @@ class VllmGenerator:
             # background lane, at a lower CPU priority.
             room = self.max_model_len - request.sampling.max_tokens
             lane = self.long_prompts if prompt_chars(prompt) > LONG_PROMPT_CHARS else None
-            prompt_ids = tuple(
-                await asyncio.get_running_loop().run_in_executor(lane, self._prompt_ids, prompt, room)
-            )
+            prompt_ids = tuple(await asyncio.get_running_loop().run_in_executor(lane, self._prompt_ids, prompt, room))
         if not prompt_ids:
             raise InvalidRequest("prompt", "is empty after tokenisation")
         self._check_length(len(prompt_ids), request.sampling.max_tokens)
