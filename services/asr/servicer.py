@@ -17,7 +17,8 @@ from services.asr.backend import RecognizerBackend, StreamSettings
 from services.asr.config import AsrConfig
 from voiceagent.serving.admission import Admission
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
-from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, QueueFull, ServiceError, StreamIdle, abort
+from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, QueueFull, ServiceError, abort
+from voiceagent.serving.idle import next_message
 from voiceagent.serving.info import info_response
 from voiceagent.serving.request_ids import request_id
 from voiceagent.v1 import asr_pb2, asr_pb2_grpc, common_pb2
@@ -128,15 +129,8 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
 
     async def _next(self, requests: AsyncIterator):
         """The stream's next message (None at its end); StreamIdle once none came for stream_idle_timeout_s."""
-        idle_s = self.config.stream_idle_timeout_s
-        try:
-            async with asyncio.timeout(idle_s or None):
-                return await anext(requests, None)
-        except TimeoutError:
-            raise StreamIdle(
-                f"no message for {idle_s:g} s (stream_idle_timeout_s): send audio in real time, silence included, "
-                "or half-close the stream"
-            ) from None
+        hint = "send audio in real time, silence included, or half-close the stream"
+        return await next_message(requests, self.config.stream_idle_timeout_s, hint)
 
     async def _audio(self, requests: AsyncIterator, encoding: int) -> AsyncIterator[np.ndarray]:
         while (request := await self._next(requests)) is not None:

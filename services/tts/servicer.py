@@ -17,6 +17,7 @@ from services.tts.metrics import measure_synthesis
 from services.tts.phrases import PhraseSplitter, speakable
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
 from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, ServiceError, StreamIdle, abort
+from voiceagent.serving.idle import next_message
 from voiceagent.serving.info import info_response
 from voiceagent.serving.request_ids import request_id
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
@@ -110,7 +111,7 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
         )
 
     # -- RPCs --------------------------------------------------------------
-    async def Synthesize(self, request: tts_pb2.SynthesizeRequest, context) -> AsyncIterator[tts_pb2.AudioChunk]:
+    async def Synthesize(self, request: tts_pb2.SynthesizeRequest, context) -> None:
         async def whole_text():
             yield request.text
 
@@ -123,23 +124,24 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
             synthesis = self._request(request.config, whole_text())
         except InvalidRequest as exc:
             await abort(context, exc)
-        async for chunk in self._stream("Synthesize", synthesis, context):
-            yield chunk
+        await self._send(self._stream("Synthesize", synthesis, context), context)
 
-    async def StreamingSynthesize(self, request_iterator, context) -> AsyncIterator[tts_pb2.AudioChunk]:
+    async def StreamingSynthesize(self, request_iterator, context) -> None:
         await self._require_ready(context)
         try:
-            first = await anext(aiter(request_iterator), None)  # InvalidRequest: it does not parse (malformed.py)
+            # InvalidRequest: it does not parse (malformed.py); StreamIdle: nothing came
+            first = await next_message(
+                aiter(request_iterator), self.config.stream_idle_timeout_s, "send the SynthesisConfig first"
+            )
             if first is None or first.WhichOneof("request") != "config":
                 raise InvalidRequest("config", "the first message must carry the SynthesisConfig")
             phrases: asyncio.Queue = asyncio.Queue()
             synthesis = self._request(first.config, self._phrases(phrases, self.config.stream_idle_timeout_s))
-        except InvalidRequest as exc:
+        except (InvalidRequest, StreamIdle) as exc:
             await abort(context, exc)
         reader = asyncio.create_task(self._read_text(request_iterator, phrases))
         try:
-            async for chunk in self._stream("StreamingSynthesize", synthesis, context, reader):
-                yield chunk
+            await self._send(self._stream("StreamingSynthesize", synthesis, context, reader), context)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -210,6 +212,26 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
             yield item
 
     # -- audio out ---------------------------------------------------------
+    async def _send(self, chunks: AsyncIterator[tts_pb2.AudioChunk], context) -> None:
+        """Write each chunk as the client takes it. A request's slot is free once its text is spoken, while its
+        audio waits here for the client: one that takes no chunk for stream_idle_timeout_s is ended OUT_OF_RANGE
+        and the audio it left is dropped. Before, clients that never read kept their whole audio in this process
+        for as long as they liked, and each freed its slot for the next (~15 MB per 2,000-character request)."""
+        idle_s = self.config.stream_idle_timeout_s
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                try:
+                    async with asyncio.timeout(idle_s or None):
+                        await context.write(chunk)
+                except TimeoutError:
+                    # Returned, not aborted: the status goes out behind the chunk the client has not taken, and
+                    # an abort would wait here for it (with the audio) until the client read or left.
+                    context.set_code(grpc.StatusCode.OUT_OF_RANGE)
+                    context.set_details(
+                        f"the client took no audio for {idle_s:g} s (stream_idle_timeout_s): read it as it comes"
+                    )
+                    return
+
     async def _stream(
         self, method: str, request: SynthesisRequest, context, text_reader: asyncio.Task | None = None
     ) -> AsyncIterator[tts_pb2.AudioChunk]:

@@ -131,6 +131,49 @@ def test_a_quiet_text_stream_ends_out_of_range_and_frees_its_slot(stub, tts):
     assert wait_for(lambda: gauge(tts, "voiceagent_tts_busy_workers") == 0, 10)
 
 
+def test_a_stream_that_sends_nothing_ends_out_of_range(stub):
+    """No config, no half-close: the call ends OUT_OF_RANGE after --stream-idle-timeout-s (it waited for the
+    client's own deadline before, for ever without one)."""
+    opened = threading.Event()
+
+    def nothing():
+        opened.wait(4 * IDLE_S)  # sends nothing until the call has ended (or long after the idle timeout)
+        return
+        yield
+
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as ended:
+        collect(stub.StreamingSynthesize(nothing(), timeout=60))
+    opened.set()
+    assert ended.value.code() == grpc.StatusCode.OUT_OF_RANGE, ended.value
+    assert "stream_idle_timeout_s" in ended.value.details() and "SynthesisConfig" in ended.value.details()
+    assert time.monotonic() - started < 3 * IDLE_S
+
+
+def test_a_client_that_stops_reading_is_ended_and_its_audio_dropped(stub, tts):
+    """Its slot is free once the text is spoken, but its audio waited in the service for as long as the client liked
+    (and each such client freed its slot for the next). Now a client that takes no audio for
+    --stream-idle-timeout-s is ended: the service's call is over while the client still reads nothing."""
+    config = tts_pb2.SynthesisConfig(sample_rate_hz=48_000, encoding=common_pb2.AUDIO_ENCODING_FLOAT32, seed=5)
+    # Without BDP probing the client's flow-control window stays at 64 KB, so the service's writes wait after a
+    # chunk or two (with it the window grows to megabytes, more than this text's audio).
+    with grpc.insecure_channel(tts.address, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        call = tts_pb2_grpc.SpeechSynthesizerStub(channel).Synthesize(
+            tts_pb2.SynthesizeRequest(text="word " * 99, config=config), timeout=120
+        )
+        next(call)  # it started; then reads nothing
+        started = time.monotonic()
+        in_flight = lambda: sample_sum(  # noqa: E731
+            scrape_samples(tts.metrics_url), "voiceagent_tts_rpc_in_flight", method="Synthesize"
+        )
+        assert wait_for(lambda: in_flight() == 0, 60), "the call stays open while its client reads nothing"
+        assert time.monotonic() - started < 3 * IDLE_S
+        with pytest.raises(grpc.RpcError) as ended:
+            collect(call)
+    assert ended.value.code() == grpc.StatusCode.OUT_OF_RANGE, ended.value
+    assert "took no audio" in ended.value.details()
+
+
 def test_calls_before_the_engine_has_loaded_are_unavailable():
     """The port opens while the model loads: every call then gets UNAVAILABLE saying so, never UNKNOWN."""
     service = start_service("services.tts", venv_python("tts"), ["--preset", "tiny", "--probe-ceilings", "true"])

@@ -10,6 +10,8 @@ which every servicer already ends as INVALID_ARGUMENT (a bad piece of audio or t
 
 from __future__ import annotations
 
+import inspect
+
 import grpc
 from google.protobuf.message import DecodeError
 
@@ -45,22 +47,26 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
             except DecodeError as error:
                 return MalformedRequest(error)
 
-        if handler.request_streaming and handler.response_streaming:
+        if handler.request_streaming and inspect.isasyncgenfunction(handler.stream_stream):
             behavior = handler.stream_stream
 
-            async def checked(requests, context):  # an async generator, as grpc.aio needs for streamed responses
+            async def checked(requests, context):  # an async generator, as grpc.aio needs for yielded responses
                 async for response in behavior(_well_formed(requests), context):
                     yield response
 
             factory = grpc.stream_stream_rpc_method_handler
-        elif handler.request_streaming:
-            behavior = handler.stream_unary
+        elif handler.request_streaming:  # one response, or streamed ones written with context.write
+            behavior = handler.stream_unary or handler.stream_stream
 
             async def checked(requests, context):
                 return await behavior(_well_formed(requests), context)
 
-            factory = grpc.stream_unary_rpc_method_handler
-        elif handler.response_streaming:
+            factory = (
+                grpc.stream_stream_rpc_method_handler
+                if handler.response_streaming
+                else grpc.stream_unary_rpc_method_handler
+            )
+        elif inspect.isasyncgenfunction(handler.unary_stream):
             behavior = handler.unary_stream
 
             async def checked(request, context):
@@ -70,13 +76,17 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
                     yield response
 
             factory = grpc.unary_stream_rpc_method_handler
-        else:
-            behavior = handler.unary_unary
+        else:  # one response, or streamed ones written with context.write
+            behavior = handler.unary_unary or handler.unary_stream
 
             async def checked(request, context):
                 if isinstance(request, MalformedRequest):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: {request.reason}")
                 return await behavior(request, context)
 
-            factory = grpc.unary_unary_rpc_method_handler
+            factory = (
+                grpc.unary_stream_rpc_method_handler
+                if handler.response_streaming
+                else grpc.unary_unary_rpc_method_handler
+            )
         return factory(checked, request_deserializer=tolerant, response_serializer=handler.response_serializer)

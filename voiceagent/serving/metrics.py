@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import time
 from collections.abc import Iterable
 
@@ -130,8 +131,8 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
             metrics.rpc_duration.labels(method, code).observe(time.perf_counter() - started)
             metrics.rpc_in_flight.labels(method).dec()
 
-        if handler.response_streaming:
-            behavior = handler.stream_stream or handler.unary_stream
+        behavior = handler.stream_stream or handler.unary_stream or handler.stream_unary or handler.unary_unary
+        if inspect.isasyncgenfunction(behavior):  # streamed responses, yielded (else returned, or written)
 
             async def streaming(request_or_iterator, context):
                 started, error = time.perf_counter(), None
@@ -147,7 +148,6 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
 
             wrapped = streaming
         else:
-            behavior = handler.stream_unary or handler.unary_unary
 
             async def unary(request_or_iterator, context):
                 started, error = time.perf_counter(), None
