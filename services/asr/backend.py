@@ -19,7 +19,7 @@ from voiceagent.serving.info import ModelFacts
 class StreamSettings:
     request_id: str
     chunk_ms: int  # (right context + 1) x 80 ms
-    interim_results: bool = True
+    interim_results: bool = True  # for the client: backends yield every update, the servicer drops interim ones
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +58,9 @@ class RecognizerBackend(Protocol):
     def limits(self) -> Mapping[str, float]: ...
 
     def recognize(self, settings: StreamSettings, audio: AsyncIterator[np.ndarray]) -> AsyncIterator[RecognitionUpdate]:
-        """Stream hypotheses for 16 kHz float32 audio arriving in pieces of any length; the last is final.
+        """Stream hypotheses for 16 kHz float32 audio arriving in pieces of any length, one per step (the
+        servicer learns from each how much audio is processed, and holds a client that sends faster back); the
+        last is final.
 
         Raises InvalidRequest if `audio` does, EngineUnavailable if the engine is gone (voiceagent/serving/
         errors.py). Cancelling the iteration frees the stream's resources."""

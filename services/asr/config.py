@@ -69,6 +69,14 @@ class AsrConfig(ServingConfig):
             "send audio in real time, silence included; 0 = wait for ever)"
         },
     )
+    max_stream_backlog_s: float = dataclasses.field(
+        default=10.0,
+        metadata={
+            "help": "audio a stream may have sent and not yet had processed, in seconds: past it the service reads "
+            "the stream's next message only as the engine catches up (gRPC flow control then holds the client "
+            "back); one message longer than this is INVALID_ARGUMENT"
+        },
+    )
     max_offline_audio_s: float = dataclasses.field(
         default=120.0, metadata={"help": "longest clip one Recognize call may carry; longer is INVALID_ARGUMENT"}
     )
@@ -197,6 +205,9 @@ class AsrConfig(ServingConfig):
         )
         require(
             self.stream_idle_timeout_s >= 0, "stream_idle_timeout_s", f"must be >= 0, got {self.stream_idle_timeout_s}"
+        )
+        require(  # more than the longest chunk (1.12 s) and its first step's lead, or a stream could wait for ever
+            self.max_stream_backlog_s >= 2, "max_stream_backlog_s", f"must be >= 2, got {self.max_stream_backlog_s}"
         )
         require(self.max_offline_audio_s > 0, "max_offline_audio_s", f"must be > 0, got {self.max_offline_audio_s}")
         require(self.offline_pass_s >= 0, "offline_pass_s", f"must be >= 0, got {self.offline_pass_s}")

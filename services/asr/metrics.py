@@ -89,3 +89,8 @@ for _chunk in CHUNK_MS:
     overlapped_steps.labels(_chunk)
     for _kind in ("stream", "padding"):
         padded_rows.labels(_chunk, _kind)
+backpressure = Counter(
+    "voiceagent_asr_stream_backpressure_seconds",
+    "Seconds the service did not read a stream's messages because its unprocessed audio was over "
+    "--max-stream-backlog-s (a client sending faster than the engine steps it)",
+)

@@ -74,8 +74,8 @@ def test_a_stream_that_waits_for_a_slot_replays_its_audio_in_order_and_a_cancell
             assert 2 not in engine.waiting and 2 not in engine.openings
 
             # The holder finishes and leaves; its slot goes to stream 1, which hears every piece, in order.
-            (held,) = await _updates_until_final(service, 0)
-            (final,) = await _updates_until_final(service, 1)
+            held = (await _updates_until_final(service, 0))[-1]  # interim updates come too (the servicer drops them)
+            final = (await _updates_until_final(service, 1))[-1]
             assert isinstance(final, StreamUpdate), final
             assert final.update.audio_processed_s == held.update.audio_processed_s == pytest.approx(1.0, abs=0.011)
             await asyncio.sleep(0.05)  # the finished stream leaves on the loop's next turn

@@ -468,7 +468,7 @@ class BatchingBackend(Stepping, OfflineLane):
 
     def _deliver(self, stream: Stream, update: RecognitionUpdate) -> None:
         last = stream.closed and stream.mel_available() == stream.mel_consumed
-        if stream.settings.interim_results and not last:
+        if not last:  # interim results too: the servicer drops them where not asked for, after counting progress
             stream.deliver(update)
         if last:
             self._finish(stream, update)
