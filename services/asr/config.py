@@ -8,6 +8,7 @@ Presets are model configs kept in services/asr/presets/ (synthetic weights, real
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 from voiceagent.serving.config import ServingConfig, require
@@ -17,6 +18,9 @@ BACKENDS = ("cache-aware", "buffered")
 DTYPES = ("float32", "bfloat16")
 STEP_POLICIES = ("ready", "clocked")
 OVERLAP_STEPS = ("auto", "on", "off")
+LANGUAGE_SUBTAG = re.compile(r"[a-z]{2,3}")  # BCP-47's primary language subtag (ISO 639)
+# A BCP-47 tag as clients send it: a primary subtag and optional subtags (en-US, zh-Hant-TW); at most 35 characters.
+LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8}){0,4}")
 
 
 def preset_names() -> list[str]:
@@ -67,6 +71,14 @@ class AsrConfig(ServingConfig):
         metadata={
             "help": "a stream that sends no message for this long ends OUT_OF_RANGE, giving back its slot (clients "
             "send audio in real time, silence included; 0 = wait for ever)"
+        },
+    )
+    languages: str = dataclasses.field(
+        default="en",
+        metadata={
+            "help": "the languages the model transcribes, comma-separated primary subtags (every preset is "
+            "English); a config.language_code whose primary subtag is not one of them is INVALID_ARGUMENT "
+            "(en-US and en-GB count as en; empty is the model's default)"
         },
     )
     max_stream_backlog_s: float = dataclasses.field(
@@ -161,6 +173,10 @@ class AsrConfig(ServingConfig):
     )
 
     @property
+    def language_set(self) -> frozenset[str]:
+        return frozenset(code.strip().lower() for code in self.languages.split(",") if code.strip())
+
+    @property
     def overlapped(self) -> bool:
         """Whether steps overlap (--overlap-steps: auto is on for a CUDA device)."""
         if self.overlap_steps == "auto":
@@ -205,6 +221,11 @@ class AsrConfig(ServingConfig):
         )
         require(
             self.stream_idle_timeout_s >= 0, "stream_idle_timeout_s", f"must be >= 0, got {self.stream_idle_timeout_s}"
+        )
+        require(
+            bool(self.language_set) and all(LANGUAGE_SUBTAG.fullmatch(code) for code in self.language_set),
+            "languages",
+            f"must be comma-separated language subtags such as en,de, got {self.languages!r}",
         )
         require(  # more than the longest chunk (1.12 s) and its first step's lead, or a stream could wait for ever
             self.max_stream_backlog_s >= 2, "max_stream_backlog_s", f"must be >= 2, got {self.max_stream_backlog_s}"

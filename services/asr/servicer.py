@@ -16,7 +16,7 @@ import numpy as np
 
 from services.asr import metrics
 from services.asr.backend import RecognizerBackend, StreamSettings
-from services.asr.config import AsrConfig
+from services.asr.config import LANGUAGE_TAG, AsrConfig
 from voiceagent.serving.admission import Admission
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
 from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, QueueFull, ServiceError, abort
@@ -146,12 +146,28 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
             raise InvalidRequest(
                 "config.encoding", f"{config.encoding} is not AUDIO_ENCODING_PCM16 or AUDIO_ENCODING_FLOAT32"
             )
+        self._check_language(config.language_code)
         choices = self.backend.chunk_ms_choices
         if config.chunk_ms not in choices:
             raise InvalidRequest("config.chunk_ms", f"{config.chunk_ms} is not one of {list(choices)} ms")
         return StreamSettings(
             request_id(config.request_id, "config.request_id"), config.chunk_ms, config.interim_results
         )
+
+    def _check_language(self, code: str) -> None:
+        """Empty, or a BCP-47 tag of a language the model transcribes: a model asked for a language it does not
+        have would still answer, in its own (an English model given German audio writes English-looking words)."""
+        if not code:
+            return
+        languages = self.config.language_set
+        if len(code) > 35 or not LANGUAGE_TAG.fullmatch(code):
+            raise InvalidRequest("config.language_code", f"{code[:40]!r} is not a BCP-47 language tag such as en-US")
+        if code.split("-")[0].lower() not in languages:
+            raise InvalidRequest(
+                "config.language_code",
+                f"{code} is not a language this model transcribes ({', '.join(sorted(languages))}); "
+                "leave it empty for the model's own",
+            )
 
     def _check_offline_length(self, payload_bytes: int, encoding: int) -> None:
         """Before decoding: a clip longer than max_offline_audio_s is refused on its byte count alone."""

@@ -39,6 +39,9 @@ def _status(service, messages) -> grpc.RpcError:
         ([Audio(config=config(320)), Audio()], "neither config nor audio"),
         ([Audio(config=config(320)), Audio(audio=np.array([0.5, -1200.0], "<f4").tobytes())], "PCM16 values"),
         ([Audio(config=config(320, request_id="x" * 129))], "config.request_id: 129 characters"),
+        ([Audio(config=config(320, request_id="a\nb"))], "config.request_id: 'a\\nb' has characters that do not"),
+        ([Audio(config=config(320, language_code="de-DE"))], "config.language_code: de-DE is not a language"),
+        ([Audio(config=config(320, language_code="xx-" + "Z" * 600))], "is not a BCP-47 language tag"),
     ],
     ids=[
         "audio-first",
@@ -54,12 +57,21 @@ def _status(service, messages) -> grpc.RpcError:
         "empty-message",
         "float32-out-of-range",
         "long-request-id",
+        "control-in-request-id",
+        "language-not-the-models",
+        "language-not-a-tag",
     ],  # fmt: skip
 )
 def test_bad_stream_is_invalid_argument(cache_aware, messages, reason):
     error = _status(cache_aware, messages)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert reason in error.details()
+
+
+def test_a_language_of_the_model_is_accepted_in_any_region(cache_aware):
+    for code in ("en", "en-US", "EN-gb"):
+        request = asr_pb2.RecognizeRequest(config=config(320, language_code=code), audio=b"\0" * 6400)
+        assert stub(cache_aware).Recognize(request, timeout=30).audio_s > 0
 
 
 def test_bad_recognize_is_invalid_argument(cache_aware):
