@@ -1,24 +1,20 @@
 """One ASR stream offered 1,900 s of audio at once (200 messages of 9.5 s, PCM16) against the tiny preset: the
 service's memory and how fast it takes the audio (services/asr/servicer.py `Backlog`, --max-stream-backlog-s 10).
 
-    .venv/dev/bin/python results/cpu/asr_backlog_2026-12-06/flood.py
+    .venv/dev/bin/python results/cpu/asr_backlog_2026-12-06/flood.py   (from the repository root, PYTHONPATH=.)
 """
 
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+import grpc
+import numpy as np
 
-import grpc  # noqa: E402
-import numpy as np  # noqa: E402
-
-from tests.harness import running_service, sample_sum, scrape_samples, venv_python  # noqa: E402
-from voiceagent.v1 import asr_pb2, asr_pb2_grpc  # noqa: E402
+from voiceagent.serving.launcher import running_service, sample_sum, scrape_samples, venv_python
+from voiceagent.v1 import asr_pb2, asr_pb2_grpc
 
 ARGS = ["--preset", "tiny", "--max-streams", "2", "--probe-ceilings", "false", "--threads", "1"]
 
