@@ -256,6 +256,64 @@ def asr_paced_figures() -> dict:
     }
 
 
+ASR_PROBE_FAILED = re.compile(r"^    (\d+) of (\d+) streams failed, the first with (\w+): (.*)$", re.M)
+ASR_PROFILE_FUSED = re.compile(
+    r"^  B = (\d+): manual ([\d.]+) \(replay ([\d.]+)\);(?: sdpa ([\d.]+) \(replay ([\d.]+)\);)? fused ([\d.]+) "
+    r"\(replay ([\d.]+)\)$",
+    re.M,
+)
+ASR_SESSION17_CALLS = {  # call -> the code it ran (results/h200/README.md, v7)
+    "call1": "b42f7d9", "call2": "b42f7d9", "call4": "b42f7d9", "call5": "b42f7d9",
+    "call6": "b42f7d9 + NeMo decoder sized at start-up (withdrawn)", "call7": "b42f7d9 + NeMo decoder sized at start-up (withdrawn)",
+    "call8": "b42f7d9 + NeMo decoder sized at start-up (withdrawn)", "call9": "b42f7d9 + NeMo decoder sized at start-up (withdrawn)",
+}  # fmt: skip
+
+
+def asr_session17_figures() -> dict:
+    """Issue 17, session 17, on an H100: paced capacity searches at 320 and 80 ms (the tree, its base b9936ba, the
+    fused encoder), with each probe's value and the streams that failed; the steady step of manual, SDPA and fused
+    attention at 320 ms (1,024 and 2,048 rows) and 80 ms (64 and 256 rows)."""
+    folder = RAW / "asr_session17"
+    searches = {}
+    for path in sorted(folder.glob("call*_asr_compare_*.txt")):
+        text = path.read_text()
+        call = path.name.split("_")[0]
+        found = ASR_FOUND.findall(text)
+        (build, chunk, streams, value) = found[0] if found else (None, None, 0, "nan")
+        searches[path.stem] = {
+            "source": path.relative_to(RAW).as_posix(), "code": ASR_SESSION17_CALLS[call], "build": build,
+            "chunk_ms": int(chunk) if chunk else None,
+            "service_flags": (m.group(1) if (m := ASR_COMPARE_FLAGS.search(text)) else None),
+            "real_time_streams": int(streams), "p95_over_chunk": float(value),
+            "probes": [{"streams": int(n), "p95_over_chunk": float(v)} for n, _, _, v in ASR_PROBE.findall(text)],
+            "failed_streams": [
+                {"failed": int(f), "of": int(n), "first_status": code, "first_details": why[:160]}
+                for f, n, code, why in ASR_PROBE_FAILED.findall(text)
+            ],
+        }  # fmt: skip
+    profiles = {}
+    for name in ("call2_asr_profile_fused.txt", "call5_asr_profile_80.txt"):
+        path = folder / name
+        profiles[path.stem] = {
+            "source": path.relative_to(RAW).as_posix(),
+            "by_batch": {
+                int(b): {"manual_ms": float(m), "manual_replay_ms": float(mr),
+                         "sdpa_ms": float(sd) if sd else None, "sdpa_replay_ms": float(sr) if sr else None,
+                         "fused_ms": float(f), "fused_replay_ms": float(fr)}
+                for b, m, mr, sd, sr, f, fr in ASR_PROFILE_FUSED.findall(path.read_text())
+            },
+        }  # fmt: skip
+    return {
+        "device": "H100 80GB HBM3",
+        "paced_searches": searches,
+        "step_by_attention": profiles,
+        "cpu_split_80_96": {
+            "source": (folder / "call5_asr_split_80_96.txt").relative_to(RAW).as_posix(),
+            "levels": split_levels((folder / "call5_asr_split_80_96.txt").read_text(), "p95_over_chunk"),
+        },
+    }
+
+
 ASR_STEP = re.compile(
     r"^bucket\s+(\d+) rows\s+(\d+): max \|graph - eager\| encoder (\S+), state (\S+), tokens equal (\w+)"
     r".*?(?:; step ([\d.]+) ms graph vs ([\d.]+) ms eager)?$",
@@ -428,11 +486,14 @@ def llm_frontends_figures() -> dict:
     folder = RAW / "llm_frontends"
     figures = {}
     # session 10's runs, then session 11's (s11_*: both engines on one step budget, named in the file)
-    for path in sorted(folder.glob("llm_frontends_bench_*.txt")) + sorted(folder.glob("s11_*_bench_*.txt")):
+    for path in sorted(folder.glob("llm_frontends_bench_*.txt")) + sorted(folder.glob("s1[17]_*_bench_*.txt")):
         preset, bench = _llm_bench(path)
         budget = re.search(r"_budget(\d+)", path.name)
         bench["step_budget_tokens"] = int(budget.group(1)) if budget else None
         session = " budget " + budget.group(1) + " (session 11)" if budget else ""
+        if path.name.startswith("s17_"):  # 6 rounds at 64 and 256, the default budget (8,192), on an H100
+            bench["step_budget_tokens"] = 8192
+            session = " 6 rounds at 64 and 256 (session 17, H100)"
         figures[f"{preset} service fe{bench['frontends']}{session}"] = bench
     for path in sorted(folder.glob("llm_frontends_vllm_serve_*.txt")) + sorted(folder.glob("s11_*_serve_*.txt")):
         preset = re.match(r"(s11_)?llm_frontends_vllm_serve_(.+?)(_cut_short)?\.txt", path.name).group(2)
@@ -658,6 +719,7 @@ def main() -> None:
         "asr_graph_fix": asr_graph_fix_figures(),
         "asr_clocked": asr_clocked_figures(),
         "asr_paced": asr_paced_figures(),
+        "asr_session17": asr_session17_figures(),
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "tts_profile": tts_profile_figures(),

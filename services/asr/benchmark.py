@@ -38,6 +38,7 @@ import math
 import multiprocessing
 import shlex
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 
@@ -175,7 +176,7 @@ async def _paced_stream(stub, chunk_ms: int, audio: np.ndarray, piece: int, dela
 
 def p95_over_chunk(latencies: list[float], chunk_ms: int) -> float:
     """`--paced`'s probe value: p95 of per-chunk latency / the chunk (< 1 passes, as RTF < 1 does)."""
-    if not latencies:
+    if not latencies or not np.isfinite(latencies).all():  # no partial, or a stream that failed
         return float("inf")
     return float(np.percentile(latencies, 95)) / (chunk_ms / 1000)
 
@@ -209,11 +210,22 @@ async def service_results(
             else _one_stream(stubs[index % len(stubs)], chunk_ms, clip, piece)
             for index, clip in enumerate(clips(streams, seconds))
         ]
-        per_stream = await asyncio.gather(*runs)
+        per_stream = await asyncio.gather(*runs, return_exceptions=True)
     finally:
         for channel in channels:
             await channel.close()
-    return [value for result in per_stream for value in (result if paced else [result])]
+    # A stream the service failed fails the probe (inf), and says why once; the search goes on (a probe beyond the
+    # service's means may fail where a smaller one passes).
+    failed = [result for result in per_stream if isinstance(result, BaseException)]
+    if failed:
+        first = failed[0]
+        why = f"{first.code().name}: {first.details()}" if isinstance(first, grpc.aio.AioRpcError) else repr(first)
+        print(f"    {len(failed)} of {streams} streams failed, the first with {why}", file=sys.stderr, flush=True)
+    return [
+        value
+        for result in per_stream
+        for value in ([float("inf")] if isinstance(result, BaseException) else result if paced else [result])
+    ]
 
 
 def probe_value(results: list[float], chunk_ms: int, paced: bool) -> float:

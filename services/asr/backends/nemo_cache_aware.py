@@ -54,6 +54,8 @@ class CacheAwareBackend(BatchingBackend):
         self.padded_steps = padded_steps or cuda_graphs
         self.cuda_graphs = cuda_graphs
         self.graph_first_steps = graph_first_steps
+        if cuda_graphs:
+            self.decoder.without_nemo_graphs()
         self.graph_chunks = tuple(graph_chunks) or self.chunk_ms_choices
         self.padded: dict[tuple[int, bool], PaddedStep] = {}  # (chunk_ms, first step) -> its padded step
         self.capture_s = 0.0

@@ -38,6 +38,20 @@ class GreedyDecoder:
         self.labels = start.labels.repeat(slots)
         self.lengths = start.decoded_lengths.repeat(slots)
 
+    def without_nemo_graphs(self) -> None:
+        """Decode with plain kernels, not NeMo's own CUDA graphs of this loop: for a service that captures its own.
+
+        There the steady and first steps decode inside the service's graphs (engine/step_graphs.py), and what
+        comes here is the eager steps (a short last chunk, 80 ms's second step, the offline lane), in groups of any
+        size. NeMo recaptures its graphs, compiling their loop kernels with NVRTC on the step thread, for each batch
+        larger than any before: in the middle of serving, as load grows (py-spy at 80 ms on an H100,
+        results/h200/README.md v7). Capturing them once at start-up at the largest batch instead made every 80 ms
+        step fail with an illegal memory access, most likely because the cuBLAS workspace their capture embedded
+        was released by the service's own captures; NeMo's graphs captured and destroyed beside ours are also what
+        crashed the main job (README, "The graph crash"). Plain kernels have neither problem."""
+        self.computer.allow_cuda_graphs = False  # NeMo's maybe_enable_cuda_graphs (on eval) must not turn them on
+        self.computer.disable_cuda_graphs()
+
     def reset(self, slots: list[int]) -> None:
         """Start `slots` from the state after <SOS>: a few kernels for all of them (one set per slot was a few
         hundred microseconds of launches per new stream on an H200)."""
