@@ -28,6 +28,16 @@ chmod +x .venv/asr/bin/python
 { date -u; nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader; nproc; git log -1 --format=%H 2>/dev/null; } \
     >>"$OUT/env.txt" 2>&1
 
+# The services' logs are kept (launcher: VOICEAGENT_KEEP_LOGS) and each stage's are tarred into $OUT: session 17's
+# 2,048-stream probes lost streams with CANCELLED and nothing on the device said why once the machine was gone.
+export VOICEAGENT_KEEP_LOGS=1
+LOGS=$(python3 -c 'from voiceagent.serving.tempdirs import shared_temp; print(shared_temp())')
+keep_logs() { # $1 = stage
+    local logs
+    logs=$(cd "$LOGS" && ls asr-*.log 2>/dev/null)
+    [ -n "$logs" ] || return 0
+    (cd "$LOGS" && tar -czf "$OUT/logs_$1${TAG:-}.tgz" $logs && rm -f $logs)
+}
 for stage in "$@"; do
     echo "== $stage $(date -u +%T)" | tee -a "$OUT/stages.txt"
     case $stage in
@@ -75,5 +85,6 @@ for stage in "$@"; do
         tar -C /tmp -czf "$OUT/asr_spy_$CHUNKS${TAG:-}.tgz" asr_spy && rm -rf /tmp/asr_spy
         ;;
     esac
+    keep_logs "$stage"
 done
 echo "== done $(date -u +%T)" | tee -a "$OUT/stages.txt"

@@ -19,7 +19,7 @@ from services.asr.backend import RecognizerBackend, StreamSettings
 from services.asr.config import LANGUAGE_TAG, AsrConfig
 from voiceagent.serving.admission import Admission
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
-from voiceagent.serving.errors import EngineUnavailable, InvalidRequest, QueueFull, ServiceError, abort
+from voiceagent.serving.errors import EngineFailure, InvalidRequest, QueueFull, ServiceError, abort
 from voiceagent.serving.idle import next_message
 from voiceagent.serving.info import info_response
 from voiceagent.serving.request_ids import request_id
@@ -257,7 +257,7 @@ class AsrService(asr_pb2_grpc.SpeechRecognizerServicer):
             await abort(context, QueueFull(f"max_offline_requests: {limit} Recognize calls are in; retry later"))
         try:
             result = await self.backend.transcribe(settings, audio)
-        except EngineUnavailable as exc:
+        except EngineFailure as exc:  # the engine gone (UNAVAILABLE) or its step failed (INTERNAL)
             await abort(context, exc)
         finally:
             self.offline_admission.leave()

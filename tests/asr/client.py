@@ -40,7 +40,11 @@ def requests(cfg, audio: np.ndarray, piece_samples: int = 2000):
 
 
 def stub(service) -> asr_pb2_grpc.SpeechRecognizerStub:
-    return asr_pb2_grpc.SpeechRecognizerStub(grpc.insecure_channel(service.address))
+    """A stub on a connection of its own: by default gRPC shares one connection among the channels to a target
+    while any of them lives, so the calls of a test that meant to open new connections (and reach either front end
+    of a pod, test_frontends.py) all went to one, as long as earlier channels had not been collected yet."""
+    channel = grpc.insecure_channel(service.address, options=[("grpc.use_local_subchannel_pool", 1)])
+    return asr_pb2_grpc.SpeechRecognizerStub(channel)
 
 
 def stream(service, cfg, audio: np.ndarray) -> list:

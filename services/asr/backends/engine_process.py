@@ -50,7 +50,8 @@ from services.asr.backends.engine_messages import (
 )
 from services.asr.config import AsrConfig
 from voiceagent.serving.channel import Channel
-from voiceagent.serving.errors import EngineUnavailable
+from voiceagent.serving.device_fault import DEVICE_FAULT_EXIT
+from voiceagent.serving.errors import EngineFailure, EngineUnavailable, ServiceError
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.lifeline import start_process
 from voiceagent.serving.metrics import service_metrics
@@ -184,7 +185,7 @@ class EngineProcess:
                 updates.put_nowait(message.update)
         elif isinstance(message, StreamFailed):
             if (updates := self.streams.get(message.stream_id)) is not None:
-                updates.put_nowait(RuntimeError(message.message))
+                updates.put_nowait(EngineFailure("INTERNAL", message.message))
         elif isinstance(message, MetricCall):
             target = self.targets.get(message.metric) or getattr(metrics, message.metric)
             bound = target.labels(*message.labels) if message.labels else target
@@ -196,7 +197,7 @@ class EngineProcess:
         elif isinstance(message, Transcribed):
             if (future := self.offline.get(message.request_id)) is not None and not future.done():
                 if isinstance(message.result, str):
-                    future.set_exception(RuntimeError(message.result))
+                    future.set_exception(EngineFailure("INTERNAL", message.result))
                 else:
                     future.set_result(message.result)
         elif isinstance(message, EngineReady):
@@ -208,6 +209,8 @@ class EngineProcess:
         if self.process is not None:
             await asyncio.to_thread(self.process.join, 5)
             self.failure = f"the ASR engine process exited (code {self.process.exitcode})"
+            if self.process.exitcode == DEVICE_FAULT_EXIT:
+                self.failure += " after a device fault (its log names the error)"
         else:
             self.failure = "the ASR engine process is gone (its channel closed)"
         if not self.started:  # start() raises: the service fails to start, nothing to drain
@@ -347,7 +350,10 @@ class _Engine:
 
         def deliver(update) -> None:
             if isinstance(update, BaseException):
-                channel.send(StreamFailed(stream_id, f"ASR engine: {type(update).__name__}: {update}"))
+                why = str(update)
+                if not isinstance(update, ServiceError):
+                    why = f"ASR engine: {type(update).__name__}: {why}"
+                channel.send(StreamFailed(stream_id, why))
             else:
                 channel.send(StreamUpdate(stream_id, update))
                 if not update.is_final:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -39,9 +40,12 @@ from services.asr.engine.offline import OFFLINE_LANES, OfflineLane, finish_holdi
 from services.asr.engine.step import Launched, Stepping
 from services.asr.engine.step_graphs import TokenTable
 from services.asr.engine.stream import GroupResult, Stream, record_encoder_output
+from voiceagent.serving.device_fault import end_process_after
+from voiceagent.serving.errors import EngineFailure, ServiceError
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
 
+log = logging.getLogger(__name__)
 Arrival = tuple[np.ndarray | None, float]  # audio and when it arrived (time.perf_counter); None: the end
 Deliver = Callable[[RecognitionUpdate | BaseException], None]  # where a stream's updates go, on the event loop
 STEP_POLL_S = 0.002  # how often a batch wait looks whether the step in flight has run
@@ -49,6 +53,13 @@ STEP_POLL_S = 0.002  # how often a batch wait looks whether the step in flight h
 
 def _discard(update: RecognitionUpdate | BaseException) -> None:
     """Where the warm-up's and offline steps' updates go: nobody reads them."""
+
+
+def step_failure(error: BaseException) -> ServiceError:
+    """What a stream whose step failed ends with: INTERNAL, naming the engine's error (not gRPC's UNKNOWN)."""
+    if isinstance(error, ServiceError):
+        return error
+    return EngineFailure("INTERNAL", f"ASR engine: {type(error).__name__}: {error}")
 
 
 class BatchingBackend(Stepping, OfflineLane):
@@ -457,7 +468,8 @@ class BatchingBackend(Stepping, OfflineLane):
                 self._release(stream)
             elif isinstance(update, BaseException):
                 stream.finished = True
-                stream.deliver(update)
+                stream.deliver(step_failure(update))
+                end_process_after(update, log)  # a CUDA fault: every later step would fail too
             else:
                 latencies.append(update.processing_latency_s)
                 self._deliver(stream, update)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable
 
@@ -21,6 +22,9 @@ from services.asr import metrics
 from services.asr.backend import OfflineResult, StreamSettings
 from services.asr.engine import features
 from services.asr.engine.stream import Stream, record_encoder_output
+from voiceagent.serving.device_fault import end_process_after
+
+log = logging.getLogger(__name__)
 
 OFFLINE_LANES = 1  # long clips stepped at once; more wait for the lane (each holds a cache slot)
 
@@ -52,6 +56,9 @@ class OfflineLane:
                 async with self.device_lock:
                     return await finish_holding(asyncio.to_thread(self._offline, settings, audio))
             return await self._transcribe_stepped(settings, audio)
+        except Exception as exc:
+            end_process_after(exc, log)  # a CUDA fault: every later step would fail too
+            raise
         finally:
             metrics.offline_requests.dec()
 

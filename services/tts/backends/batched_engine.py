@@ -31,6 +31,7 @@ import numpy as np
 
 from services.tts.backends.voxcpm import WorkerSpec
 from voiceagent.serving.channel import Channel
+from voiceagent.serving.device_fault import end_process_after
 
 log = logging.getLogger(__name__)
 
@@ -281,6 +282,7 @@ class _Scheduler:
             for request, _ in admitted:
                 self.channel.send(Failed(request.join.request_id, f"{type(exc).__name__}: {exc}"))
                 request.left = True
+            end_process_after(exc, log)  # a CUDA fault: every later step would fail too
             return
         self.running += [request for request, _ in admitted if not request.left]  # one that left is reaped
 
@@ -346,6 +348,7 @@ class _Scheduler:
             for request in batch:
                 self.channel.send(Failed(request.join.request_id, f"{type(exc).__name__}: {exc}"))
                 request.left = True
+            end_process_after(exc, log)  # a CUDA fault: every later step would fail too
             return
         self.last_step_s = time.perf_counter() - started
         self.steps += 1

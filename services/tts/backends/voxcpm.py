@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import logging
 import math
 import os
 import socket
@@ -37,8 +38,11 @@ from services.tts.pool import (
     WorkerPool,
 )
 from voiceagent.serving.channel import Channel
+from voiceagent.serving.device_fault import end_process_after
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
+
+log = logging.getLogger(__name__)
 
 # VoxCPM wraps its decode loop in tqdm (a stderr line per patch). Set before anything imports tqdm: workers
 # import this module first.
@@ -150,8 +154,9 @@ async def _serve_worker(spec: WorkerSpec, sock: socket.socket, cancel) -> None:
                 return
             try:  # one job at a time, as the pool leases it
                 await loop.run_in_executor(torch_thread, job.handle, message)
-            except Exception as exc:  # reported to the request, the worker lives on
+            except Exception as exc:  # reported to the request, the worker lives on (unless its device is lost)
                 channel.send(WorkerFailed(message.job, f"{type(exc).__name__}: {exc}"))
+                end_process_after(exc, log)
 
 
 def _warm_up(model, spec: WorkerSpec) -> None:
