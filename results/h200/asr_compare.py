@@ -43,6 +43,14 @@ def main() -> None:
     parser.add_argument("--clip-s", type=float, default=6.4)
     parser.add_argument("--throughput", action="store_true", help="bench-asr's RTF probes instead of paced streams")
     parser.add_argument("--service-args", default="", help="flags for both services (one string)")
+    parser.add_argument(
+        "--warm-up-streams",
+        type=int,
+        default=-1,
+        help="one untimed probe of this many streams per service before each search (-1: the start streams, 0: none): "
+        "a service's first large batches pay one-time costs (session 17: its first probe at 1,024 read 1.43, 960 "
+        "then 0.77)",
+    )
     parser.add_argument("--builds", default="base,here", help="which to start: base, here or both (interleaved)")
     args = parser.parse_args()
     chunks = [int(chunk) for chunk in args.chunks.split(",")]
@@ -71,6 +79,10 @@ def main() -> None:
                 lambda n, a=service.address, c=chunk_ms, s=seconds: clients.probe(a, c, n, s, 0, paced)
                 for service in services.values()
             ]
+            warm = args.start_streams if args.warm_up_streams < 0 else args.warm_up_streams
+            for name, measure in zip(services, measures, strict=True):
+                if warm:
+                    print(f"    warm-up: {warm} streams, {value} ({name}) {measure(warm):.2f}, not counted", flush=True)
             results = capacities(
                 measures, args.max_streams, runs=args.runs, precision=args.precision, start=args.start_streams,
                 labels=[f"{value} ({name})" for name in services],
@@ -87,7 +99,8 @@ def main() -> None:
     print(
         f"\nreal-time streams ({criterion}), preset {args.preset}, {args.device} {args.dtype}; "
         f"flags {args.service_args or '(defaults)'}; base {args.base}; {args.clients} client processes; "
-        f"clips {args.clip_s:g} s; search from {args.start_streams}, precision {args.precision}"
+        f"clips {args.clip_s:g} s; search from {args.start_streams}, precision {args.precision}; "
+        f"warm-up probe {args.start_streams if args.warm_up_streams < 0 else args.warm_up_streams}"
     )
     print("chunk_ms | " + " | ".join(builds))
     for chunk_ms, result in found.items():
