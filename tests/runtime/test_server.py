@@ -41,6 +41,25 @@ def test_reflection_lists_the_services(paced):
     } <= names
 
 
+def test_reflection_answers_as_v1_too(paced):
+    """grpc.reflection.v1 is v1alpha's messages under another package: v1alpha's classes speak it on the wire."""
+    with grpc.insecure_channel(paced.address) as channel:
+        info = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        requests = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="voiceagent.v1.SpeechSynthesizer"),
+        ]
+        listed, described = list(info(iter(requests), timeout=10))
+    names = {service.name for service in listed.list_services_response.service}
+    assert {"voiceagent.v1.SpeechSynthesizer", "grpc.reflection.v1.ServerReflection"} <= names
+    (first, *_) = described.file_descriptor_response.file_descriptor_proto
+    assert b"SpeechSynthesizer" in first
+
+
 def test_metrics_endpoint_serves_rpc_histograms_with_voice_buckets(paced):
     before = scrape_samples(paced.metrics_url)
     assert sample_sum(before, "voiceagent_paced_rpc_requests_total", method="Synthesize", code="INVALID_ARGUMENT") == 0

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings, measure_ceilings
 from voiceagent.serving.config import ServingConfig
@@ -29,6 +29,26 @@ log = logging.getLogger(__name__)
 
 ENGINE_DEATH_GRACE_S = 1.0
 MAX_MESSAGE_BYTES = 64 << 20  # for a service that does not set its own (`message_limits`)
+
+
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def add_reflection(service_names: tuple[str, ...], server: grpc.aio.Server) -> None:
+    """Server reflection under both of its names: v1alpha, which grpcio-reflection implements, and v1, which newer
+    clients ask for first (some without falling back). The two protocols are the same messages under another
+    package (the same fields and numbers), so one servicer of grpcio-reflection answers both."""
+    names = (*service_names, reflection.SERVICE_NAME, REFLECTION_V1)
+    reflection.enable_server_reflection(names, server)
+    answer = reflection.aio.ReflectionServicer(names).ServerReflectionInfo
+    handler = grpc.stream_stream_rpc_method_handler(
+        answer,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": handler}),)
+    )
 
 
 class Service(Protocol):
@@ -79,9 +99,7 @@ class Server:
         service.add_to_server(self.grpc)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
-        reflection.enable_server_reflection(
-            (*service.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self.grpc
-        )
+        add_reflection((*service.service_names, health.SERVICE_NAME), self.grpc)
         address = f"{config.host}:{config.port}"
         if config.tls_cert:
             credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
