@@ -374,6 +374,8 @@ class _Engine:
     async def _transcribe(self, request_id: int, settings: StreamSettings, audio: np.ndarray) -> None:
         try:
             result: OfflineResult | str = await self.backend.transcribe(settings, audio)
+        except ServiceError as exc:
+            result = str(exc)
         except Exception as exc:
             result = f"ASR engine: {type(exc).__name__}: {exc}"
         self.channel.send(Transcribed(request_id, result))

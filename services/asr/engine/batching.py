@@ -39,9 +39,8 @@ from services.asr.engine.greedy import GreedyDecoder
 from services.asr.engine.offline import OFFLINE_LANES, OfflineLane, finish_holding
 from services.asr.engine.step import Launched, Stepping
 from services.asr.engine.step_graphs import TokenTable
-from services.asr.engine.stream import GroupResult, Stream, record_encoder_output
+from services.asr.engine.stream import GroupResult, Stream, record_encoder_output, step_failure
 from voiceagent.serving.device_fault import end_process_after
-from voiceagent.serving.errors import EngineFailure, ServiceError
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics
 
@@ -53,13 +52,6 @@ STEP_POLL_S = 0.002  # how often a batch wait looks whether the step in flight h
 
 def _discard(update: RecognitionUpdate | BaseException) -> None:
     """Where the warm-up's and offline steps' updates go: nobody reads them."""
-
-
-def step_failure(error: BaseException) -> ServiceError:
-    """What a stream whose step failed ends with: INTERNAL, naming the engine's error (not gRPC's UNKNOWN)."""
-    if isinstance(error, ServiceError):
-        return error
-    return EngineFailure("INTERNAL", f"ASR engine: {type(error).__name__}: {error}")
 
 
 class BatchingBackend(Stepping, OfflineLane):
@@ -491,7 +483,12 @@ class BatchingBackend(Stepping, OfflineLane):
         metrics.final_latency.labels(str(stream.settings.chunk_ms)).observe(now - stream.closed_at)
         if self.record_dir is not None:
             name, width = f"{stream.settings.request_id}.{self.name}", self.shape.d_model
-            record_encoder_output(self.record_dir, name, "streaming", stream.encoded, stream.token_ids, width)
+            try:
+                record_encoder_output(self.record_dir, name, "streaming", stream.encoded, stream.token_ids, width)
+            except Exception as exc:  # this stream fails; the batching loop that delivered must go on
+                log.exception("recording stream %s failed", stream.settings.request_id)
+                stream.deliver(step_failure(exc))
+                return
         stream.deliver(
             RecognitionUpdate(
                 transcript=stream.transcript,

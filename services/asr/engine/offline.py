@@ -21,8 +21,9 @@ import torch
 from services.asr import metrics
 from services.asr.backend import OfflineResult, StreamSettings
 from services.asr.engine import features
-from services.asr.engine.stream import Stream, record_encoder_output
+from services.asr.engine.stream import Stream, record_encoder_output, step_failure
 from voiceagent.serving.device_fault import end_process_after
+from voiceagent.serving.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,11 @@ class OfflineLane:
                 async with self.device_lock:
                     return await finish_holding(asyncio.to_thread(self._offline, settings, audio))
             return await self._transcribe_stepped(settings, audio)
+        except ServiceError:
+            raise
         except Exception as exc:
             end_process_after(exc, log)  # a CUDA fault: every later step would fail too
-            raise
+            raise step_failure(exc) from exc
         finally:
             metrics.offline_requests.dec()
 
