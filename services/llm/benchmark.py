@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import dataclasses
+import multiprocessing
 import os
 import random
 import time
@@ -155,7 +157,8 @@ async def run_level(
             index, prompt = queue.pop(0)
             results.append(await send(prompt, max_tokens, f"{path}-{concurrency}-{index}"))
 
-    started, client_cpu, server_cpu = time.perf_counter(), time.process_time(), process_cpu_s(server_pid)
+    server = (lambda: process_cpu_s(server_pid)) if server_pid else (lambda: 0.0)  # 0: not measured here
+    started, client_cpu, server_cpu = time.perf_counter(), time.process_time(), server()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return LevelResult(
         path,
@@ -163,8 +166,86 @@ async def run_level(
         results,
         time.perf_counter() - started,
         time.process_time() - client_cpu,
-        process_cpu_s(server_pid) - server_cpu,
+        server() - server_cpu,
     )
+
+
+_CLIENT: dict = {}  # a client process's loop and stubs (grpc.aio keeps its callbacks on one loop per process)
+
+
+def _client_connect(address: str, channels: int) -> None:
+    """In a client process: its loop and `channels` connections (each its own, as the parent's are)."""
+    loop = _CLIENT.setdefault("loop", asyncio.new_event_loop())
+    options = [("grpc.use_local_subchannel_pool", 1)]
+
+    async def connect():
+        stubs = [
+            llm_pb2_grpc.TextGeneratorStub(grpc.aio.insecure_channel(address, options=options)) for _ in range(channels)
+        ]
+        for stub in stubs:
+            await stub.GetInfo(common_pb2.InfoRequest(), timeout=30)
+        return stubs
+
+    _CLIENT["stubs"] = loop.run_until_complete(connect())
+    _CLIENT["turn"] = iter(range(1 << 62))
+
+
+def _client_level(prompts: list[list[int]], max_tokens: int, concurrency: int, tag: str):
+    """In a client process: its share of a level's closed loop; its results and the CPU seconds it spent."""
+    stubs, turn = _CLIENT["stubs"], _CLIENT["turn"]
+
+    def send(prompt, tokens, request_id):
+        return service_request(stubs[next(turn) % len(stubs)], prompt, tokens, request_id)
+
+    cpu = time.process_time()
+    level = _CLIENT["loop"].run_until_complete(run_level(send, tag, prompts, max_tokens, concurrency, 0))
+    return level.requests, time.process_time() - cpu
+
+
+class ClientProcesses:
+    """The gRPC path's closed-loop workers split over `count` client processes (spawned), each with its share of the
+    channels, workers and prompts. One Python process receiving every stream's messages is itself a limit at high
+    rates (qwen3-8b at 256 streams on an H100 is ~17k messages a second; README §4d of results/h200), and a
+    difference of two TTFTs would charge its queueing to the service. Engine-direct keeps its clients in the
+    engine's process: that is what the path is."""
+
+    def __init__(self, address: str, channels: int, count: int):
+        context = multiprocessing.get_context("spawn")  # this process holds a grpc.aio loop: no fork
+        self.count = count
+        per_process = max(1, -(-channels // count))  # each connects its own at start (the pool's initializer)
+        self.pool = concurrent.futures.ProcessPoolExecutor(
+            count, mp_context=context, initializer=_client_connect, initargs=(address, per_process)
+        )
+        list(self.pool.map(abs, range(count)))  # every process started and connected before the first level
+
+    async def level(self, prompts: list[list[int]], max_tokens: int, concurrency: int, server_pid: int) -> LevelResult:
+        loop = asyncio.get_running_loop()
+        used = min(self.count, concurrency)  # processes with a worker; the prompts go to them only
+        workers, prompt_shares, at = _split(concurrency, used), [], 0
+        for share in _split(len(prompts), used):
+            prompt_shares.append(prompts[at : at + share])
+            at += share
+        started, server_cpu, tag = time.perf_counter(), process_cpu_s(server_pid), f"grpc-service-{concurrency}"
+        futures = [
+            loop.run_in_executor(self.pool, _client_level, share, max_tokens, worker, f"{tag}-p{i}")
+            for i, (share, worker) in enumerate(zip(prompt_shares, workers, strict=True))
+        ]
+        shares = await asyncio.gather(*futures)
+        return LevelResult(
+            "grpc-service",
+            concurrency,
+            [result for results, _cpu in shares for result in results],
+            time.perf_counter() - started,
+            sum(cpu for _results, cpu in shares),
+            process_cpu_s(server_pid) - server_cpu,
+        )
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (index < total % parts) for index in range(parts)]
 
 
 def random_prompts(count: int, length: int, vocab: int, rng: random.Random) -> list[list[int]]:
@@ -220,7 +301,8 @@ def print_table(args, info, rounds: dict[tuple[str, int], list[LevelResult]]) ->
         f"LLM benchmark: preset {model.preset} ({model.parameter_count / 1e6:.0f}M parameters, {model.dtype}, "
         f"{info.ceilings.device_name or 'cpu'}), prompt {args.prompt_tokens} tokens, {args.max_tokens} new "
         f"tokens per request, greedy, {args.rounds} alternating rounds per level; service front ends "
-        f"{args.frontends}, client channels {len_channels(args)}, stream interval {args.stream_interval}, "
+        f"{args.frontends}, client channels {len_channels(args)} in {args.client_processes} process(es), "
+        f"stream interval {args.stream_interval}, "
         f"step budget {info.limits['max_num_batched_tokens']:.0f} tokens and {info.limits['max_num_seqs']:.0f} "
         "requests (both engines); "
         f"load average {', '.join(f'{load:.1f}' for load in os.getloadavg())} on {os.cpu_count()} CPUs"
@@ -284,6 +366,7 @@ async def benchmark(args) -> None:
         count = len_channels(args)
         options = [("grpc.use_local_subchannel_pool", 1)]
         channels = [grpc.aio.insecure_channel(service.address, options=options) for _ in range(count)]
+        clients = None
         try:
             stubs = [llm_pb2_grpc.TextGeneratorStub(channel) for channel in channels]
             turn = iter(range(1 << 62))
@@ -296,6 +379,8 @@ async def benchmark(args) -> None:
                 "engine-direct": lambda p, n, rid: engine_request(generator.engine, p, n, rid),
                 "grpc-service": lambda p, n, rid: service_request(stubs[next(turn) % count], p, n, rid),
             }
+            if args.client_processes > 1:
+                clients = ClientProcesses(service.address, count, args.client_processes)
             rng = random.Random(0)
             vocab = generator.vocab_size
             for send in paths.values():  # warm both paths: first requests pay for lazy initialisation
@@ -311,18 +396,24 @@ async def benchmark(args) -> None:
                         order = list(paths) if round_index % 2 == 0 else list(reversed(paths))
                         for path in order:
                             prompts = random_prompts(requests, args.prompt_tokens, vocab, rng)
-                            level = await run_level(
-                                paths[path], path, prompts, args.max_tokens, concurrency, service.proc.pid
-                            )
+                            if clients is not None and path == "grpc-service":
+                                level = await clients.level(prompts, args.max_tokens, concurrency, service.proc.pid)
+                            else:
+                                level = await run_level(
+                                    paths[path], path, prompts, args.max_tokens, concurrency, service.proc.pid
+                                )
                             rounds.setdefault((path, concurrency), []).append(level)
                             print(
                                 f"  concurrency {concurrency:>2} round {round_index + 1} {path:<14} "
                                 f"{level.tokens_per_s:7.1f} tokens/s, TTFT p50 {level.ttft_ms(0.5):6.1f} ms, "
+                                f"client {level.client_cpu_s / level.wall_s:.2f} CPU-s/s, "
                                 f"load average {os.getloadavg()[0]:.1f}",
                                 flush=True,
                             )
                 print_table(args, info, rounds)
         finally:
+            if clients is not None:
+                clients.close()
             for channel in channels:
                 await channel.close()
     finally:
@@ -355,6 +446,12 @@ def main() -> None:
         "--max-num-batched-tokens", type=int, default=0, help="vLLM's tokens per step, both engines (0: its default)"
     )
     parser.add_argument("--stream-interval", type=int, default=1, help="tokens per message (both paths' engines)")
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="the gRPC path's clients in this many processes (1: in this one, beside the in-process engine)",
+    )
     args = parser.parse_args()
     asyncio.run(benchmark(args))
 
