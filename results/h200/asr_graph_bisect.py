@@ -38,8 +38,9 @@ def capture_as_before(backend, first_steps=(False, True)) -> None:
     buckets = buckets_up_to(backend.max_batch_streams)
     pool = None
     for first in first_steps:
-        step = PaddedStep(backend, CHUNK_MS, first, buckets, backend.slot_count, True, pool)
-        backend.padded[CHUNK_MS, first] = step
+        history = 0 if first else backend.pre_encode_frames
+        step = PaddedStep(backend, CHUNK_MS, history, buckets, backend.slot_count, True, pool)
+        backend.padded[CHUNK_MS, history] = step
         pool = step.pool
 
 
@@ -110,7 +111,7 @@ def main() -> None:
     except BaseException as exc:  # noqa: BLE001 - the point is to report it
         print(f"RESULT {variant} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
         raise SystemExit(1) from None
-    graphs = {f"{'first' if first else 'steady'}": len(step.graphs) for (_, first), step in backend.padded.items()}
+    graphs = {step.kind: len(step.graphs) for step in backend.padded.values()}
     digest = hashlib.sha256(repr(tokens).encode()).hexdigest()[:16]
     print(
         f"RESULT {variant} ok: built+captured in {built:.1f} s, graphs {graphs}, {len(tokens)} transcripts, "

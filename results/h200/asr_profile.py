@@ -168,7 +168,7 @@ def main() -> None:
     for variant in reversed(variants):  # the first variant last, so it stands for the profile
         set_attention(backend.model.encoder, variant)
         steps[variant] = PaddedStep(
-            backend, args.chunk_ms, False, batches, backend.slot_count, on_cuda, streams=streams
+            backend, args.chunk_ms, backend.pre_encode_frames, batches, backend.slot_count, on_cuda, streams=streams
         )
     step = steps[variants[0]]
     shape = backend.shape

@@ -262,10 +262,10 @@ ASR_PROFILE_FUSED = re.compile(
     r"\(replay ([\d.]+)\)$",
     re.M,
 )
+WITHDRAWN = "b42f7d9 + NeMo decoder sized at start-up (withdrawn)"
 ASR_SESSION17_CALLS = {  # call -> the code it ran (results/h200/README.md, v7)
     "call1": "b42f7d9", "call2": "b42f7d9", "call4": "b42f7d9", "call5": "b42f7d9",
-    "call6": "b42f7d9 + NeMo decoder sized at start-up (withdrawn)", "call7": "b42f7d9 + NeMo decoder sized at start-up (withdrawn)",
-    "call8": "b42f7d9 + NeMo decoder sized at start-up (withdrawn)", "call9": "b42f7d9 + NeMo decoder sized at start-up (withdrawn)",
+    "call6": WITHDRAWN, "call7": WITHDRAWN, "call8": WITHDRAWN, "call9": WITHDRAWN,
 }  # fmt: skip
 
 

@@ -159,8 +159,8 @@ class AsrConfig(ServingConfig):
     graph_first_steps: bool = dataclasses.field(
         default=True,
         metadata={
-            "help": "give a stream's first step (its first chunk, from empty caches) padded steps / graphs too "
-            "(false: first steps run eagerly, as a short last chunk does)"
+            "help": "give a stream's first step (its first chunk, from empty caches) and 80 ms's second step (a "
+            "1-frame history) padded steps / graphs too (false: they run eagerly, as a short last chunk does)"
         },
     )
     graph_chunks: str = dataclasses.field(

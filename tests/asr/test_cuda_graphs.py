@@ -81,7 +81,8 @@ def test_graphs_equal_eager(services, chunk_ms):
     record_dir, running = services
     info = stub(running["graphs"]).GetInfo(common_pb2.InfoRequest(), timeout=10)
     assert info.limits["cuda_graphs"] == 1 and info.limits["graph_capture_s"] > 0
-    assert info.limits["cuda_graphs_captured"] == 5 * 2 * 4  # chunk sizes x (first, steady) x buckets 1, 2, 4, 8
+    # chunk sizes x (first, steady) x buckets 1, 2, 4, 8, and 80 ms's second step (its history is 1 mel frame)
+    assert info.limits["cuda_graphs_captured"] == (5 * 2 + 1) * 4
     assert info.limits["graph_first_steps"] == 1
     before = metric(running["graphs"], "voiceagent_asr_padded_step_rows_total", chunk_ms=str(chunk_ms))
     results = _run(record_dir, running, chunk_ms, [2.0, 3.1, 2.6, 1.5, 3.1])  # 5 streams: bucket 8

@@ -111,5 +111,5 @@ def test_what_a_padded_step_reads_stays_alive_and_in_place(backend):
         assert backend.padded[key].encoder.pos_enc.pe is backend.padded[key].positions
     for step in backend.padded.values():  # the buffers the steps hold are the ones they read at set-up
         assert {step.signal.data_ptr(), step.slots.data_ptr(), step.signal_length.data_ptr()} <= set(
-            reads[step.chunk_ms, step.first]
+            reads[step.chunk_ms, step.history]
         )

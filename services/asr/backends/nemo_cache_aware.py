@@ -90,9 +90,9 @@ class CacheAwareBackend(BatchingBackend):
         # One warm-up and one capture stream for all (kept as long as the graphs); one graph pool per step.
         streams = (torch.cuda.Stream(), torch.cuda.Stream()) if self.cuda_graphs else None
         for chunk_ms in self.graph_chunks:
-            for first in (False, True) if self.graph_first_steps else (False,):
-                step = PaddedStep(self, chunk_ms, first, buckets, self.slot_count, self.cuda_graphs, streams=streams)
-                self.padded[chunk_ms, first] = step
+            for history in self.padded_histories(chunk_ms):
+                step = PaddedStep(self, chunk_ms, history, buckets, self.slot_count, self.cuda_graphs, streams=streams)
+                self.padded[chunk_ms, history] = step
         self.graph_streams = streams
         self.capture_s = time.perf_counter() - started
         log.info(
@@ -102,6 +102,19 @@ class CacheAwareBackend(BatchingBackend):
             "captured as CUDA graphs" if self.cuda_graphs else "eager",
             self.capture_s,
         )
+
+    def padded_histories(self, chunk_ms: int) -> list[int]:
+        """The pre-encode histories a stream's steps of `chunk_ms` start from, one padded step each: the steady
+        one (the pre-encode cache); with `graph_first_steps`, also the first step's (none) and, where the first
+        chunk is shorter than the cache (80 ms: 1 frame), the second step's. The second step of every 80 ms stream
+        ran eagerly, ~40 ms of launches on an H200 (issue 17), each time a wave of streams joined."""
+        histories = [self.pre_encode_frames]
+        if self.graph_first_steps:
+            histories.append(0)
+            first = self.streaming[chunk_ms].chunk_size[0]
+            if 0 < first < self.pre_encode_frames:
+                histories.append(first)
+        return histories
 
     def limits(self):
         return {
@@ -165,10 +178,9 @@ class CacheAwareBackend(BatchingBackend):
         context = streams[0].context
         history, drop = self._history_and_drop(streams[0])
         signal, widths = self._signal(streams, chunks, history)
-        # history 0 only at a stream's first step; 9 (the pre-encode cache) at every later one but 80 ms's second
-        padded = self.padded.get((streams[0].settings.chunk_ms, history == 0))
-        steady = history in (0, self.pre_encode_frames)
-        if padded is not None and steady and all(width == padded.width for width in widths):
+        # history 0 at a stream's first step, 9 (the pre-encode cache) at every later one but 80 ms's second (1)
+        padded = self.padded.get((streams[0].settings.chunk_ms, history))
+        if padded is not None and all(width == padded.width for width in widths):
             return self._padded_step(padded, streams, signal)
         lengths = torch.tensor(widths)
 

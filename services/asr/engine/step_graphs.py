@@ -2,8 +2,9 @@
 
 Why: eager, one step of the 24-layer encoder plus the RNN-T label loop is ~1-3 thousand kernel launches and
 two device-to-host syncs; on an H200 that fixed cost, not the arithmetic, bounds small steps. Here one chunk
-size's steady step (full-width chunks after the first, 9 mel frames of pre-encode history), and its first
-step (the first chunk of every stream, from empty caches), are each one function
+size's steady step (full-width chunks after the first, 9 mel frames of pre-encode history), its first
+step (the first chunk of every stream, from empty caches) and, at 80 ms, its second step (1 frame of history)
+are each one function
 of static tensors: the streams' mel input [bucket, mel, width] and their cache slots [bucket]. It gathers
 the encoder caches and decoder state of those slots from the pools, runs NeMo's encoder step, decodes the
 new frames greedily (an unrolled, masked RNN-T greedy loop: `max_symbols` joint/predictor evaluations per
@@ -34,6 +35,7 @@ import time
 import torch
 from torch.profiler import record_function
 
+from services.asr.engine.fastconformer import encoder_frames_for_mel
 from services.asr.engine.slots import upload
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ class PaddedStep:
         self,
         backend,
         chunk_ms: int,
-        first: bool,
+        history: int,
         buckets: list[int],
         scratch_slot: int,
         graphs: bool,
@@ -99,14 +101,20 @@ class PaddedStep:
         self.chunk_ms = chunk_ms
         self.buckets = buckets
         self.scratch_slot = scratch_slot
-        # A first step: the first chunk (10 ms + right context) from empty caches, nothing dropped. Later steps:
-        # the pre-encode history + one whole chunk, dropping the history's encoder frames.
-        self.first = first
-        if first:
+        # `history`: mel frames of pre-encode history before the chunk. 0, a first step: the first chunk (10 ms +
+        # right context) from empty caches, nothing dropped. The pre-encode cache (9), a steady step: the history +
+        # one whole chunk, dropping the history's encoder frames. In between, a second step whose first chunk was
+        # shorter than the pre-encode cache (80 ms: 1 frame): the same with that short history.
+        self.history, self.pre_encode = history, backend.pre_encode_frames
+        self.first = history == 0
+        if self.first:
             self.width, self.drop = self.cfg.chunk_size[0], 0
-        else:
-            self.width = backend.pre_encode_frames + self.cfg.chunk_size[1]
+        elif history == self.pre_encode:
+            self.width = history + self.cfg.chunk_size[1]
             self.drop = self.cfg.drop_extra_pre_encoded
+        else:
+            self.width = history + self.cfg.chunk_size[1]
+            self.drop = encoder_frames_for_mel(history)
         self.device = backend.device
         largest = buckets[-1]
         self.signal = torch.zeros(largest, backend.shape.mel_bins, self.width, device=self.device, dtype=backend.dtype)
@@ -229,7 +237,7 @@ class PaddedStep:
 
     @property
     def kind(self) -> str:
-        return "first" if self.first else "steady"
+        return "first" if self.first else "steady" if self.history == self.pre_encode else "second"
 
     # --- a step -----------------------------------------------------------------------------------------
     def launch(self, signal: torch.Tensor, slots: list[int]) -> TokenTable:
