@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
+from voiceagent.serving.errors import EngineFailure, ServiceError
 from voiceagent.serving.info import ModelFacts
 
 
@@ -67,3 +68,10 @@ class RecognizerBackend(Protocol):
 
     async def transcribe(self, settings: StreamSettings, audio: np.ndarray) -> OfflineResult:
         """One offline pass over a whole clip with the attention context of `settings.chunk_ms`."""
+
+
+def step_failure(error: BaseException) -> ServiceError:
+    """What a stream or Recognize whose step failed ends with: INTERNAL naming the engine's error (not UNKNOWN)."""
+    if isinstance(error, ServiceError):
+        return error
+    return EngineFailure("INTERNAL", f"ASR engine: {type(error).__name__}: {error}")

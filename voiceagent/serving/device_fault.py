@@ -48,6 +48,11 @@ def end_process_after(error: BaseException, log: logging.Logger) -> bool:
     return True
 
 
+def exit_cause(code: int | None) -> str:
+    """What a parent adds to "exited (code N)" of a child that ended itself after a device fault."""
+    return " after a device fault (its log names the error)" if code == DEVICE_FAULT_EXIT else ""
+
+
 def _end() -> None:
     if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:  # an engine or worker process: its parent stops it
         os._exit(DEVICE_FAULT_EXIT)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from services.asr import metrics
-from services.asr.backend import OfflineResult, StreamSettings
+from services.asr.backend import OfflineResult, StreamSettings, step_failure
 from services.asr.backends.engine_messages import (
     CancelStream,
     CancelTranscribe,
@@ -50,8 +50,8 @@ from services.asr.backends.engine_messages import (
 )
 from services.asr.config import AsrConfig
 from voiceagent.serving.channel import Channel
-from voiceagent.serving.device_fault import DEVICE_FAULT_EXIT
-from voiceagent.serving.errors import EngineFailure, EngineUnavailable, ServiceError
+from voiceagent.serving.device_fault import exit_cause
+from voiceagent.serving.errors import EngineFailure, EngineUnavailable
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.lifeline import start_process
 from voiceagent.serving.metrics import service_metrics
@@ -208,9 +208,8 @@ class EngineProcess:
     async def _engine_lost(self) -> None:
         if self.process is not None:
             await asyncio.to_thread(self.process.join, 5)
-            self.failure = f"the ASR engine process exited (code {self.process.exitcode})"
-            if self.process.exitcode == DEVICE_FAULT_EXIT:
-                self.failure += " after a device fault (its log names the error)"
+            code = self.process.exitcode
+            self.failure = f"the ASR engine process exited (code {code}){exit_cause(code)}"
         else:
             self.failure = "the ASR engine process is gone (its channel closed)"
         if not self.started:  # start() raises: the service fails to start, nothing to drain
@@ -350,10 +349,7 @@ class _Engine:
 
         def deliver(update) -> None:
             if isinstance(update, BaseException):
-                why = str(update)
-                if not isinstance(update, ServiceError):
-                    why = f"ASR engine: {type(update).__name__}: {why}"
-                channel.send(StreamFailed(stream_id, why))
+                channel.send(StreamFailed(stream_id, str(step_failure(update))))
             else:
                 channel.send(StreamUpdate(stream_id, update))
                 if not update.is_final:
@@ -374,10 +370,8 @@ class _Engine:
     async def _transcribe(self, request_id: int, settings: StreamSettings, audio: np.ndarray) -> None:
         try:
             result: OfflineResult | str = await self.backend.transcribe(settings, audio)
-        except ServiceError as exc:
-            result = str(exc)
         except Exception as exc:
-            result = f"ASR engine: {type(exc).__name__}: {exc}"
+            result = str(step_failure(exc))
         self.channel.send(Transcribed(request_id, result))
 
     async def stop(self) -> None:

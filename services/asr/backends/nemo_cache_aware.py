@@ -57,7 +57,7 @@ class CacheAwareBackend(BatchingBackend):
         if cuda_graphs:
             self.decoder.without_nemo_graphs()
         self.graph_chunks = tuple(graph_chunks) or self.chunk_ms_choices
-        self.padded: dict[tuple[int, bool], PaddedStep] = {}  # (chunk_ms, first step) -> its padded step
+        self.padded: dict[tuple[int, int], PaddedStep] = {}  # (chunk_ms, pre-encode history) -> its padded step
         self.capture_s = 0.0
         encoder = model.encoder
         self.streaming = {}  # chunk_ms -> NeMo CacheAwareStreamingConfig for that context
@@ -143,12 +143,15 @@ class CacheAwareBackend(BatchingBackend):
 
     def _history_and_drop(self, stream: Stream) -> tuple[int, int]:
         """Mel frames of pre-encode history to prepend, and encoder frames to drop after subsampling."""
-        if stream.steps == 0:
-            return 0, 0
-        if stream.mel_consumed < self.pre_encode_frames:  # only step 1 at right context 0: the true start
-            return stream.mel_consumed, fc.encoder_frames_for_mel(stream.mel_consumed)
-        cfg = self.streaming[stream.settings.chunk_ms]
-        return self.pre_encode_frames, cfg.drop_extra_pre_encoded
+        # none at the first step; fewer than the pre-encode cache only at 80 ms's second step (right context 0)
+        history = 0 if stream.steps == 0 else min(stream.mel_consumed, self.pre_encode_frames)
+        return history, self.drop_for(stream.settings.chunk_ms, history)
+
+    def drop_for(self, chunk_ms: int, history: int) -> int:
+        """Encoder frames of `history` mel frames of pre-encode history, dropped after subsampling."""
+        if history == self.pre_encode_frames:
+            return self.streaming[chunk_ms].drop_extra_pre_encoded
+        return fc.encoder_frames_for_mel(history)  # 0 for none: a first step
 
     def group_key(self, stream: Stream) -> tuple:
         return self._history_and_drop(stream)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from services.asr import metrics
-from services.asr.backend import RecognitionUpdate, StreamSettings
+from services.asr.backend import RecognitionUpdate, StreamSettings, step_failure
 from services.asr.engine import fastconformer as fc
 from services.asr.engine import features
 from services.asr.engine.clocked import clocked_loop
@@ -39,7 +39,7 @@ from services.asr.engine.greedy import GreedyDecoder
 from services.asr.engine.offline import OFFLINE_LANES, OfflineLane, finish_holding
 from services.asr.engine.step import Launched, Stepping
 from services.asr.engine.step_graphs import TokenTable
-from services.asr.engine.stream import GroupResult, Stream, record_encoder_output, step_failure
+from services.asr.engine.stream import GroupResult, Stream, record_encoder_output
 from voiceagent.serving.device_fault import end_process_after
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.metrics import service_metrics

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from services.asr import metrics
-from services.asr.backend import OfflineResult, StreamSettings
+from services.asr.backend import OfflineResult, StreamSettings, step_failure
 from services.asr.engine import features
-from services.asr.engine.stream import Stream, record_encoder_output, step_failure
+from services.asr.engine.stream import Stream, record_encoder_output
 from voiceagent.serving.device_fault import end_process_after
 from voiceagent.serving.errors import ServiceError
 

@@ -35,7 +35,6 @@ import time
 import torch
 from torch.profiler import record_function
 
-from services.asr.engine.fastconformer import encoder_frames_for_mel
 from services.asr.engine.slots import upload
 
 log = logging.getLogger(__name__)
@@ -107,14 +106,8 @@ class PaddedStep:
         # shorter than the pre-encode cache (80 ms: 1 frame): the same with that short history.
         self.history, self.pre_encode = history, backend.pre_encode_frames
         self.first = history == 0
-        if self.first:
-            self.width, self.drop = self.cfg.chunk_size[0], 0
-        elif history == self.pre_encode:
-            self.width = history + self.cfg.chunk_size[1]
-            self.drop = self.cfg.drop_extra_pre_encoded
-        else:
-            self.width = history + self.cfg.chunk_size[1]
-            self.drop = encoder_frames_for_mel(history)
+        self.width = self.cfg.chunk_size[0] if self.first else history + self.cfg.chunk_size[1]
+        self.drop = backend.drop_for(chunk_ms, history)
         self.device = backend.device
         largest = buckets[-1]
         self.signal = torch.zeros(largest, backend.shape.mel_bins, self.width, device=self.device, dtype=backend.dtype)

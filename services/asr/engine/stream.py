@@ -18,7 +18,6 @@ import torch
 from services.asr.backend import StreamSettings
 from services.asr.engine.features import FeatureStream
 from services.asr.engine.step_graphs import TokenTable
-from voiceagent.serving.errors import EngineFailure, ServiceError
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -101,10 +100,3 @@ def record_encoder_output(
     with open(partial, "wb") as file:
         np.savez(file, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64))
     os.replace(partial, path)
-
-
-def step_failure(error: BaseException) -> ServiceError:
-    """What a stream or Recognize whose step failed ends with: INTERNAL naming the engine's error (not UNKNOWN)."""
-    if isinstance(error, ServiceError):
-        return error
-    return EngineFailure("INTERNAL", f"ASR engine: {type(error).__name__}: {error}")

@@ -43,7 +43,7 @@ from services.tts.config import TtsConfig
 from services.tts.context import SegmentBudget
 from services.tts.metrics import tts_metrics
 from voiceagent.serving.channel import Channel
-from voiceagent.serving.device_fault import DEVICE_FAULT_EXIT
+from voiceagent.serving.device_fault import exit_cause
 from voiceagent.serving.errors import QueueFull
 from voiceagent.serving.info import ModelFacts
 from voiceagent.serving.lifeline import start_process
@@ -151,9 +151,8 @@ class BatchedBackend:
                 elif isinstance(message, StartFailed):
                     self.ready.set_exception(RuntimeError(f"the TTS engine failed to start: {message.message}"))
         await asyncio.to_thread(self.process.join, 5)  # its exit code says why, once it has one
-        self.failure = f"the TTS engine process exited (code {self.process.exitcode})"
-        if self.process.exitcode == DEVICE_FAULT_EXIT:
-            self.failure += " after a device fault (its log names the error)"
+        code = self.process.exitcode
+        self.failure = f"the TTS engine process exited (code {code}){exit_cause(code)}"
         if not self.ready.done():
             self.ready.set_exception(RuntimeError(self.failure))
         for inbox in self.inboxes.values():
