@@ -4,6 +4,7 @@ view, a kernel launch), and a call per stream per step was, at ~1,000 streams, t
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 
@@ -68,3 +69,32 @@ def test_a_steady_step_makes_no_torch_call_per_stream(backend, chunk_ms):
     grew = {name: (few[name], many[name]) for name in few | many if few[name] != many[name]}
     assert not grew, f"torch calls that grew from 2 to {MAX_STREAMS} streams (2, {MAX_STREAMS}): {grew}"
     assert sum(few.values()) > 100  # the step itself ran under the count
+
+
+def test_a_short_last_chunk_steps_apart_from_whole_chunks(backend, monkeypatch):
+    """A stream's short last chunk does not take the whole chunks stepping beside it off their padded step (one
+    short chunk made a whole batch step eagerly: at 320 ms, thousands of streams, once per stream ending)."""
+    chunk_ms, rng = 320, np.random.default_rng(5)
+    steady = backend.padded[chunk_ms, backend.pre_encode_frames]
+    rows = []
+    launch = steady.launch
+    monkeypatch.setattr(steady, "launch", lambda signal, slots: rows.append(len(slots)) or launch(signal, slots))
+    long, short = (backend._new_stream(StreamSettings(name, chunk_ms, False)) for name in ("long", "short"))
+    try:
+        for stream in (long, short):  # the first chunk and the second whole one
+            while stream.mel_available() < backend.chunk_mel(stream) + backend.streaming[chunk_ms].chunk_size[1]:
+                stream.append(rng.standard_normal(1600).astype(np.float32) * 0.1, time.perf_counter())
+            backend._step([stream])
+            backend._step([stream])
+        rows.clear()
+        long.append(rng.standard_normal(chunk_ms * 16).astype(np.float32) * 0.1, time.perf_counter())
+        short.append(rng.standard_normal(chunk_ms * 4).astype(np.float32) * 0.1, time.perf_counter())
+        short.closed = True
+        assert long.mel_available() >= long.mel_consumed + backend.chunk_mel(long)
+        assert short.mel_consumed < short.mel_available() < short.mel_consumed + backend.chunk_mel(short)
+        asyncio.run(backend._step_streams([long, short]))
+        assert rows == [1], f"the whole chunk's padded step took {rows} rows"
+        assert short.mel_consumed == short.mel_available()  # stepped too, eagerly
+    finally:
+        for stream in (long, short):
+            backend._release(stream)

@@ -154,7 +154,11 @@ class CacheAwareBackend(BatchingBackend):
         return fc.encoder_frames_for_mel(history)  # 0 for none: a first step
 
     def group_key(self, stream: Stream) -> tuple:
-        return self._history_and_drop(stream)
+        """Streams of one pre-encode history share a call, and a stream's short last chunk steps apart from whole
+        chunks: a padded step takes whole chunks only, so one short chunk in a group made its whole batch (at 320 ms
+        up to thousands of streams) step eagerly, once per stream ending."""
+        whole = stream.mel_available() >= stream.mel_consumed + self.chunk_mel(stream)
+        return (*self._history_and_drop(stream), whole)
 
     def _signal(
         self, streams: list[Stream], chunks: torch.Tensor | list[torch.Tensor], history: int
