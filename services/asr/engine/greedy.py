@@ -66,7 +66,8 @@ class GreedyDecoder:
         """The new token ids of each stream for encoder output [B, D, T] with valid `lengths` [B]."""
         at = rows(slots, self.device)
         previous = BatchedLabelLoopingState(
-            predictor_states=[gather(pool, 1, at) for pool in self.states],
+            # contiguous: a slice of the pool along its batch dimension is not, and cuDNN's LSTM refuses that hx
+            predictor_states=[gather(pool, 1, at).contiguous() for pool in self.states],
             predictor_outputs=gather(self.outputs, 0, at),
             labels=gather(self.labels, 0, at),
             decoded_lengths=gather(self.lengths, 0, at),
