@@ -269,28 +269,33 @@ ASR_SESSION17_CALLS = {  # call -> the code it ran (results/h200/README.md, v7)
 }  # fmt: skip
 
 
+def paced_search(path: Path, code: str) -> dict:
+    """One asr_compare.py search (paced real-time streams): what it found, each probe and any failed streams."""
+    text = path.read_text()
+    found = ASR_FOUND.findall(text)
+    (build, chunk, streams, value) = found[0] if found else (None, None, 0, "nan")
+    return {
+        "source": path.relative_to(RAW).as_posix(), "code": code, "build": build,
+        "chunk_ms": int(chunk) if chunk else None,
+        "service_flags": (m.group(1) if (m := ASR_COMPARE_FLAGS.search(text)) else None),
+        "real_time_streams": int(streams), "p95_over_chunk": float(value),
+        "probes": [{"streams": int(n), "p95_over_chunk": float(v)} for n, _, _, v in ASR_PROBE.findall(text)],
+        "failed_streams": [
+            {"failed": int(f), "of": int(n), "first_status": code, "first_details": why[:160]}
+            for f, n, code, why in ASR_PROBE_FAILED.findall(text)
+        ],
+    }  # fmt: skip
+
+
 def asr_session17_figures() -> dict:
     """Issue 17, session 17, on an H100: paced capacity searches at 320 and 80 ms (the tree, its base b9936ba, the
     fused encoder), with each probe's value and the streams that failed; the steady step of manual, SDPA and fused
     attention at 320 ms (1,024 and 2,048 rows) and 80 ms (64 and 256 rows)."""
     folder = RAW / "asr_session17"
-    searches = {}
-    for path in sorted(folder.glob("call*_asr_compare_*.txt")):
-        text = path.read_text()
-        call = path.name.split("_")[0]
-        found = ASR_FOUND.findall(text)
-        (build, chunk, streams, value) = found[0] if found else (None, None, 0, "nan")
-        searches[path.stem] = {
-            "source": path.relative_to(RAW).as_posix(), "code": ASR_SESSION17_CALLS[call], "build": build,
-            "chunk_ms": int(chunk) if chunk else None,
-            "service_flags": (m.group(1) if (m := ASR_COMPARE_FLAGS.search(text)) else None),
-            "real_time_streams": int(streams), "p95_over_chunk": float(value),
-            "probes": [{"streams": int(n), "p95_over_chunk": float(v)} for n, _, _, v in ASR_PROBE.findall(text)],
-            "failed_streams": [
-                {"failed": int(f), "of": int(n), "first_status": code, "first_details": why[:160]}
-                for f, n, code, why in ASR_PROBE_FAILED.findall(text)
-            ],
-        }  # fmt: skip
+    searches = {
+        path.stem: paced_search(path, ASR_SESSION17_CALLS[path.name.split("_")[0]])
+        for path in sorted(folder.glob("call*_asr_compare_*.txt"))
+    }
     profiles = {}
     for name in ("call2_asr_profile_fused.txt", "call5_asr_profile_80.txt"):
         path = folder / name
@@ -310,6 +315,46 @@ def asr_session17_figures() -> dict:
         "cpu_split_80_96": {
             "source": (folder / "call5_asr_split_80_96.txt").relative_to(RAW).as_posix(),
             "levels": split_levels((folder / "call5_asr_split_80_96.txt").read_text(), "p95_over_chunk"),
+        },
+    }
+
+
+ASR_SESSION18_CALLS = {  # call -> the code it ran (results/h200/README.md, v8); the device's env.txt names 294f345,
+    # the commit its copy of .git had, but the tree it ran was the working tree with these commits
+    "call7": "1201e43", "call8": "eb4581a", "call9": "eb4581a", "call10": "eb4581a", "call11": "eb4581a",
+    "call12": "eb4581a", "call16": "eb4581a",
+}  # fmt: skip
+ASR_RTF_PROBE = re.compile(r"^    probe: (\d+) streams, RTF ([\d.]+)$", re.M)
+ASR_RTF_FOUND = re.compile(r"^  (engine-direct|service cache-aware)\s+(\d+) ms: (\d+) streams", re.M)
+
+
+def asr_session18_figures() -> dict:
+    """Issue 17, session 18, on an H100: paced capacity searches at 320 and 80 ms of the tree with the fused encoder
+    and four front ends (and at its defaults), NeMo's own loop and the service under bench-asr's throughput
+    definition (per-stream RTF < 1, 1.6 s clips), and where the engine process's time went at 1,536 paced streams."""
+    folder = RAW / "asr_session18"
+    searches = {
+        path.stem: paced_search(path, ASR_SESSION18_CALLS[path.name.split("_")[0]])
+        for path in sorted(folder.glob("call*_asr_compare_*.txt"))
+        if ASR_FOUND.search(path.read_text())  # call 7's service did not start, call 9's 4,096 graphs did not fit
+    }
+    throughput = {}
+    for name in ("call11_asr_engine_320.txt", "call12_asr_service_320_throughput.txt"):
+        text = (folder / name).read_text()
+        ((path_name, chunk, streams),) = ASR_RTF_FOUND.findall(text)
+        throughput[path_name] = {
+            "source": (folder / name).relative_to(RAW).as_posix(), "code": "eb4581a", "chunk_ms": int(chunk),
+            "real_time_streams": int(streams),
+            "probes": [{"streams": int(n), "rtf": float(v)} for n, v in ASR_RTF_PROBE.findall(text)],
+        }  # fmt: skip
+    split = folder / "call8_asr_split_320_fused_fe4_1536.txt"
+    return {
+        "device": "H100 80GB HBM3",
+        "paced_searches": searches,
+        "throughput_320": throughput,
+        "cpu_split_320_1536": {
+            "source": split.relative_to(RAW).as_posix(),
+            "levels": split_levels(split.read_text(), "p95_over_chunk"),
         },
     }
 
@@ -486,7 +531,7 @@ def llm_frontends_figures() -> dict:
     folder = RAW / "llm_frontends"
     figures = {}
     # session 10's runs, then session 11's (s11_*: both engines on one step budget, named in the file)
-    for path in sorted(folder.glob("llm_frontends_bench_*.txt")) + sorted(folder.glob("s1[17]_*_bench_*.txt")):
+    for path in sorted(folder.glob("llm_frontends_bench_*.txt")) + sorted(folder.glob("s1[178]_*_bench_*.txt")):
         preset, bench = _llm_bench(path)
         budget = re.search(r"_budget(\d+)", path.name)
         bench["step_budget_tokens"] = int(budget.group(1)) if budget else None
@@ -494,6 +539,10 @@ def llm_frontends_figures() -> dict:
         if path.name.startswith("s17_"):  # 6 rounds at 64 and 256, the default budget (8,192), on an H100
             bench["step_budget_tokens"] = 8192
             session = " 6 rounds at 64 and 256 (session 17, H100)"
+        if path.name.startswith("s18_"):  # --client-processes 4, the default budget (8,192), on an H100
+            bench["step_budget_tokens"] = 8192
+            bench["client_processes"] = 4
+            session = " 4 client processes (session 18, H100)"
         figures[f"{preset} service fe{bench['frontends']}{session}"] = bench
     for path in sorted(folder.glob("llm_frontends_vllm_serve_*.txt")) + sorted(folder.glob("s11_*_serve_*.txt")):
         preset = re.match(r"(s11_)?llm_frontends_vllm_serve_(.+?)(_cut_short)?\.txt", path.name).group(2)
@@ -720,6 +769,7 @@ def main() -> None:
         "asr_clocked": asr_clocked_figures(),
         "asr_paced": asr_paced_figures(),
         "asr_session17": asr_session17_figures(),
+        "asr_session18": asr_session18_figures(),
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "tts_profile": tts_profile_figures(),
