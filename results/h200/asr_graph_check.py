@@ -47,12 +47,12 @@ def main() -> None:
     started = time.perf_counter()
     config = AsrConfig(
         preset=args.preset, device=args.device, dtype="bfloat16", max_streams=args.max_streams,
-        max_batch_streams=args.max_streams, graph_chunks=str(args.chunk_ms),
+        max_batch_streams=args.max_streams, graph_chunks=str(args.chunk_ms), features_in_step=False,
     )  # fmt: skip
     backend = load_in_process(config)
     built = time.perf_counter()
     backend.prepare_padded_steps()  # (the service does this after its warm-up)
-    step = backend.padded[args.chunk_ms, False]  # the steady step
+    step = backend.padded[args.chunk_ms, backend.pre_encode_frames]  # the steady step (mel frames in)
     print(
         f"model built in {built - started:.1f} s; {len(step.graphs)} graphs for buckets {step.buckets} "
         f"captured in {step.capture_s:.1f} s; steady step: width {step.width} mel frames -> {step.frames} frames; "

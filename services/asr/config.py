@@ -163,6 +163,13 @@ class AsrConfig(ServingConfig):
             "1-frame history) padded steps / graphs too (false: they run eagerly, as a short last chunk does)"
         },
     )
+    features_in_step: bool = dataclasses.field(
+        default=True,
+        metadata={
+            "help": "padded steps / CUDA graphs take each stream's audio and compute its mel frames themselves "
+            "(false: the mel front end runs before the step, a few dozen eager launches per step on a GPU)"
+        },
+    )
     graph_chunks: str = dataclasses.field(
         default="",
         metadata={"help": "comma-separated chunk sizes (ms) to give padded steps / graphs (empty: all)"},

@@ -102,7 +102,7 @@ def test_what_a_padded_step_reads_stays_alive_and_in_place(backend):
                 step._forward(step.buckets[-1])
             reads[key] = inputs.read
             assert step.encoder.pos_enc.pe is step.positions
-    statics = {step.signal.data_ptr() for step in backend.padded.values()}
+    statics = {_inputs(step)[0].data_ptr() for step in backend.padded.values()}
     assert statics <= {address for read in reads.values() for address in read}, "the static input is not read"
     _serve(backend)
     for key, read in reads.items():
@@ -110,6 +110,13 @@ def test_what_a_padded_step_reads_stays_alive_and_in_place(backend):
         assert not dead, f"the {key} padded step read tensors that were freed since: {dead[:5]}"
         assert backend.padded[key].encoder.pos_enc.pe is backend.padded[key].positions
     for step in backend.padded.values():  # the buffers the steps hold are the ones they read at set-up
-        assert {step.signal.data_ptr(), step.slots.data_ptr(), step.signal_length.data_ptr()} <= set(
-            reads[step.chunk_ms, step.history]
-        )
+        held = {tensor.data_ptr() for tensor in (*_inputs(step), step.slots, step.signal_length)}
+        assert held <= set(reads[step.chunk_ms, step.history])
+
+
+def _inputs(step) -> tuple:
+    """A padded step's static inputs: its streams' audio (features computed in the step: with their lengths, the
+    front end's DFT basis and filterbank, the slots' pre-encode history), else their mel frames."""
+    if step.features_in_step:
+        return step.audio, step.audio_length, step.mel.basis, step.mel.filterbank, step.history_pool
+    return (step.signal,)

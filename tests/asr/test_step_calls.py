@@ -35,9 +35,15 @@ class Calls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.fixture(scope="module")
-def backend():
-    config = AsrConfig(preset="tiny", max_streams=MAX_STREAMS, max_batch_streams=MAX_STREAMS, padded_steps=True)
+@pytest.fixture(scope="module", params=[True, False], ids=["features-in-step", "features-on-host"])
+def backend(request):
+    config = AsrConfig(
+        preset="tiny",
+        max_streams=MAX_STREAMS,
+        max_batch_streams=MAX_STREAMS,
+        padded_steps=True,
+        features_in_step=request.param,
+    )
     backend = load_in_process(config)
     backend.warm_up()
     return backend
@@ -77,8 +83,8 @@ def test_a_short_last_chunk_steps_apart_from_whole_chunks(backend, monkeypatch):
     chunk_ms, rng = 320, np.random.default_rng(5)
     steady = backend.padded[chunk_ms, backend.pre_encode_frames]
     rows = []
-    launch = steady.launch
-    monkeypatch.setattr(steady, "launch", lambda signal, slots: rows.append(len(slots)) or launch(signal, slots))
+    replay = steady._replay
+    monkeypatch.setattr(steady, "_replay", lambda slots: rows.append(len(slots)) or replay(slots))
     long, short = (backend._new_stream(StreamSettings(name, chunk_ms, False)) for name in ("long", "short"))
     try:
         for stream in (long, short):  # the first chunk and the second whole one
@@ -98,3 +104,13 @@ def test_a_short_last_chunk_steps_apart_from_whole_chunks(backend, monkeypatch):
     finally:
         for stream in (long, short):
             backend._release(stream)
+
+
+def test_padded_steps_compute_their_streams_features_when_asked(backend, monkeypatch):
+    """With --features-in-step a padded step takes audio and computes the mel frames itself: no mel front end runs
+    before it (on a GPU, a few dozen eager launches and a cuFFT plan per new shape, each step)."""
+    host = []
+    mel_batch = features.mel_batch
+    monkeypatch.setattr(features, "mel_batch", lambda *args: host.append(len(args[2])) or mel_batch(*args))
+    _steady_step_calls(backend, 80, 3)
+    assert (host == []) == backend.features_in_step, f"mel front end calls before the step: {host}"

@@ -59,5 +59,6 @@ def load_in_process(config: AsrConfig) -> RecognizerBackend:
         cuda_graphs=cuda_graphs,
         graph_chunks=config.graph_chunk_ms,
         graph_first_steps=config.graph_first_steps,
+        features_in_step=config.features_in_step,
         **common,
     )

@@ -25,6 +25,7 @@ import torch
 
 from services.asr import metrics
 from services.asr.engine import fastconformer as fc
+from services.asr.engine import features
 from services.asr.engine.batching import BatchingBackend, GroupResult
 from services.asr.engine.slots import gather, rows, scatter
 from services.asr.engine.step_graphs import PaddedStep, bucket_for, buckets_up_to
@@ -45,6 +46,7 @@ class CacheAwareBackend(BatchingBackend):
         cuda_graphs: bool = False,
         graph_chunks=(),
         graph_first_steps: bool = True,
+        features_in_step: bool = True,
         **kwargs,
     ):
         super().__init__(model, *args, **kwargs)
@@ -54,6 +56,7 @@ class CacheAwareBackend(BatchingBackend):
         self.padded_steps = padded_steps or cuda_graphs
         self.cuda_graphs = cuda_graphs
         self.graph_first_steps = graph_first_steps
+        self.features_in_step = features_in_step  # padded steps compute their streams' mel frames themselves
         if cuda_graphs:
             self.decoder.without_nemo_graphs()
         self.graph_chunks = tuple(graph_chunks) or self.chunk_ms_choices
@@ -91,7 +94,16 @@ class CacheAwareBackend(BatchingBackend):
         streams = (torch.cuda.Stream(), torch.cuda.Stream()) if self.cuda_graphs else None
         for chunk_ms in self.graph_chunks:
             for history in self.padded_histories(chunk_ms):
-                step = PaddedStep(self, chunk_ms, history, buckets, self.slot_count, self.cuda_graphs, streams=streams)
+                step = PaddedStep(
+                    self,
+                    chunk_ms,
+                    history,
+                    buckets,
+                    self.slot_count,
+                    self.cuda_graphs,
+                    streams=streams,
+                    features_in_step=self.features_in_step,
+                )
                 self.padded[chunk_ms, history] = step
         self.graph_streams = streams
         self.capture_s = time.perf_counter() - started
@@ -124,6 +136,7 @@ class CacheAwareBackend(BatchingBackend):
             "graph_capture_s": round(self.capture_s, 1),
             "cuda_graphs_captured": float(sum(len(step.graphs) for step in self.padded.values())),
             "graph_first_steps": float(self.graph_first_steps),
+            "features_in_step": float(self.features_in_step and self.padded_steps),
         }
 
     def _pool(self, left: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -187,7 +200,7 @@ class CacheAwareBackend(BatchingBackend):
         signal, widths = self._signal(streams, chunks, history)
         # history 0 at a stream's first step, 9 (the pre-encode cache) at every later one but 80 ms's second (1)
         padded = self.padded.get((streams[0].settings.chunk_ms, history))
-        if padded is not None and all(width == padded.width for width in widths):
+        if padded is not None and not padded.features_in_step and all(width == padded.width for width in widths):
             return self._padded_step(padded, streams, signal)
         lengths = torch.tensor(widths)
 
@@ -221,10 +234,25 @@ class CacheAwareBackend(BatchingBackend):
             read_bytes=self.shape.step_read_bytes(len(streams), with_cache=True),
         )
 
+    def encode_audio(self, streams: list[Stream], segments: list, sizes: list[int]) -> GroupResult | None:
+        """A padded step that computes its streams' mel frames itself, when it has one for these streams and every
+        segment is a whole chunk with the step's lead (features.segment_batch); else None (features on the host)."""
+        history, _drop = self._history_and_drop(streams[0])
+        padded = self.padded.get((streams[0].settings.chunk_ms, history))
+        if padded is None or not padded.features_in_step:
+            return None
+        batch = features.segment_batch(segments, padded.skip, padded.count, pin=self.device.type == "cuda")
+        if batch is None:
+            return None
+        return self._padded_result(padded, streams, padded.launch_audio(*batch, [stream.slot for stream in streams]))
+
     def _padded_step(self, padded: PaddedStep, streams: list[Stream], signal) -> GroupResult:
         """A first or steady step (every stream a whole chunk): encoder and decoder in one padded call
         (a graph replay on a GPU), launched; the only device-to-host copy is the token table, read when collected."""
         launched = padded.launch(signal.to(self.device, self.dtype), [stream.slot for stream in streams])
+        return self._padded_result(padded, streams, launched)
+
+    def _padded_result(self, padded: PaddedStep, streams: list[Stream], launched) -> GroupResult:
         label = str(padded.chunk_ms)
         metrics.padded_rows.labels(label, "stream").inc(len(streams))
         metrics.padded_rows.labels(label, "padding").inc(bucket_for(len(streams), padded.buckets) - len(streams))

@@ -10,6 +10,7 @@ from services.asr.engine.slots import upload
 SAMPLE_RATE = 16000
 HOP_SAMPLES = 160  # 10 ms mel hop
 STFT_HALF_WINDOW = 256  # n_fft / 2: a mel frame centred at t needs samples up to t + 256
+LEAD_FRAMES = 4  # a segment starts this many frames before its new ones (640 samples > the 257 a frame reaches back)
 
 
 class FeatureStream:
@@ -56,14 +57,14 @@ class FeatureStream:
         if self.arrived:
             self.samples = np.concatenate((self.samples, *self.arrived))
             self.arrived.clear()
-        first = max(0, self.mel_done - 4)
+        first = max(0, self.mel_done - LEAD_FRAMES)
         segment = self.samples[first * HOP_SAMPLES - self.sample_offset :]
         if end < available:  # frames only up to end - 1: its window ends STFT_HALF_WINDOW past its centre
             segment = segment[: (end - 1 - first) * HOP_SAMPLES + STFT_HALF_WINDOW]
         skip, count = self.mel_done - first, end - self.mel_done
         self.mel_done = end
         # Keep only what the next segment reaches back to (`segment` keeps its own reference).
-        keep_from = max(0, self.mel_done - 4) * HOP_SAMPLES
+        keep_from = max(0, self.mel_done - LEAD_FRAMES) * HOP_SAMPLES
         if keep_from > self.sample_offset:
             self.samples = self.samples[keep_from - self.sample_offset :]
             self.sample_offset = keep_from
@@ -88,3 +89,32 @@ def mel_batch(
     lengths = torch.tensor([len(segments[index][0]) for index in busy])
     mel, _ = preprocessor(input_signal=upload(torch.from_numpy(signal), device), length=upload(lengths, device))
     return mel, busy
+
+
+def segment_width(skip: int, count: int) -> int:
+    """Samples a segment needs for frames [skip, skip + count): up to where its last frame's window ends. A clip cut
+    there has exactly skip + count frames (frame t's window is centred on sample 160·t)."""
+    return (skip + count - 1) * HOP_SAMPLES + STFT_HALF_WINDOW
+
+
+def segment_batch(
+    segments: list[tuple[np.ndarray, int, int]], skip: int, count: int, pin: bool
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The segments as one batch of audio [B, segment_width] and each row's length, when every segment has `skip`
+    frames of lead and `count` new frames (a padded step's features, computed inside the step); else None.
+
+    A segment that runs past the width (audio arrived beyond its last frame's window) is cut there: the frames
+    before the cut are the same. One that ends before it (the clip closed) keeps its length, and the preprocessor
+    masks the row there, as `mel_batch` does. With `pin`, the batch is built in pinned memory: one copy per row, and
+    the upload to a GPU needs no staging copy."""
+    if any(segment[1] != skip or segment[2] != count for segment in segments):
+        return None
+    width = segment_width(skip, count)
+    audio = torch.zeros((len(segments), width), dtype=torch.float32, pin_memory=pin)
+    rows = audio.numpy()
+    lengths = []
+    for row, (samples, _skip, _count) in enumerate(segments):
+        length = min(len(samples), width)
+        rows[row, :length] = samples[:length]
+        lengths.append(length)
+    return audio, torch.tensor(lengths)

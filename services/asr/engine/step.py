@@ -46,8 +46,14 @@ class Stepping:
         under the device lock). A padded step's tokens are read back by `_collect`; other steps decode here."""
         started = time.perf_counter()
         self._reset_due_slots()
-        chunks, sizes = self._chunks(streams)
-        result = self.encode_group(streams, chunks)
+        sizes = [self.chunk_mel(stream) for stream in streams]
+        segments = [
+            stream.feature_segment(stream.mel_consumed + size) for stream, size in zip(streams, sizes, strict=True)
+        ]
+        result = self.encode_audio(streams, segments, sizes)
+        if result is None:  # features here, then the encoder
+            chunks, sizes = self._chunks(segments, sizes)
+            result = self.encode_group(streams, chunks)
         if result.new_tokens is None:
             lengths = upload(torch.tensor(result.lengths), self.device)
             result.new_tokens = self.decoder.decode(result.encoded, lengths, [stream.slot for stream in streams])
@@ -96,28 +102,29 @@ class Stepping:
             stream.steps += 1
         return updates
 
-    def _chunks(self, streams: list[Stream]) -> tuple[torch.Tensor | list[torch.Tensor], list[int]]:
-        """The mel frames each stream's step consumes, and how many: one batch [B, mel, frames] when every
-        stream takes the same number (the steady state), else a list.
+    def encode_audio(self, streams: list[Stream], segments: list, sizes: list[int]) -> GroupResult | None:
+        """A step that computes its streams' features itself, from their audio `segments` (the cache-aware
+        backend's padded steps: the mel front end inside the graph); None: features here, then `encode_group`."""
+        return None
+
+    def _chunks(self, segments: list, sizes: list[int]) -> tuple[torch.Tensor | list[torch.Tensor], list[int]]:
+        """The mel frames each stream's step consumes (from its audio segment), and how many: one batch
+        [B, mel, frames] when every stream takes the same number (the steady state), else a list.
 
         The new frames of every stream come from one batched preprocessor call on the serving device (one call
         per stream would cost a CPU STFT and a host-to-device copy per stream per step), and only the frames the
         step consumes are computed (never a frame left for the next step to join to its new ones). In the steady
         state no tensor operation here is per stream: on a GPU each one is host time per stream per step (the
         join of left-over and new frames was a kernel launch per stream)."""
-        sizes = [self.chunk_mel(stream) for stream in streams]
-        segments = [
-            stream.feature_segment(stream.mel_consumed + size) for stream, size in zip(streams, sizes, strict=True)
-        ]
         mel, busy = features.mel_batch(self.model.preprocessor, self.shape.mel_bins, segments, self.device)
         skip, count = segments[0][1:]
-        if len(busy) == len(streams) and all(
+        if len(busy) == len(segments) and all(
             segment[1] == skip and segment[2] == count == size for segment, size in zip(segments, sizes, strict=True)
         ):
             return mel[:, :, skip : skip + count], sizes
         # A closed stream's last chunk (fewer frames, or none: only its final hypothesis is due), or a first step
         # beside later ones: one view per stream.
-        chunks = [torch.zeros(self.shape.mel_bins, 0, device=self.device)] * len(streams)
+        chunks = [torch.zeros(self.shape.mel_bins, 0, device=self.device)] * len(segments)
         for row, index in enumerate(busy):
             _samples, skip, count = segments[index]
             chunks[index] = mel[row, :, skip : skip + count]

@@ -35,7 +35,9 @@ import time
 import torch
 from torch.profiler import record_function
 
+from services.asr.engine import features
 from services.asr.engine.slots import upload
+from services.asr.engine.step_features import StepFeatures
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +87,11 @@ class PaddedStep:
         graphs: bool,
         pool=None,
         streams: tuple | None = None,
+        features_in_step: bool = False,
     ):
         """`pool`: a graph pool to share (None: one of its own); `streams`: (warm-up, capture) CUDA streams (None:
-        a side stream and torch's default capture stream)."""
+        a side stream and torch's default capture stream); `features_in_step`: the step takes audio segments and
+        computes their mel frames itself (`launch_audio`) instead of taking mel frames (`launch`)."""
         model = backend.model
         self.encoder = model.encoder
         self.decoder = backend.decoder  # GreedyDecoder: pooled predictor state by slot
@@ -111,6 +115,18 @@ class PaddedStep:
         self.device = backend.device
         largest = buckets[-1]
         self.signal = torch.zeros(largest, backend.shape.mel_bins, self.width, device=self.device, dtype=backend.dtype)
+        # With the features in the step, its input is each stream's audio segment instead of mel frames: the mel front
+        # end (pre-emphasis, STFT, filterbank, log) and the join to the pre-encode history run inside the step, i.e.
+        # inside its graph, not as a few dozen eager launches (and a cuFFT plan per new shape) on the host per step.
+        self.features_in_step = features_in_step
+        self.history_pool = backend.history  # each slot's last pre-encode frames (mel, float32)
+        self.skip = min(history, features.LEAD_FRAMES)  # the segment's frames before the chunk (FeatureStream)
+        self.count = self.width - history  # the chunk's new mel frames
+        self.audio_width = features.segment_width(self.skip, self.count)
+        if features_in_step:
+            self.mel = StepFeatures(model.preprocessor, self.skip, self.count, self.device)
+            self.audio = torch.zeros(largest, self.audio_width, device=self.device)
+            self.audio_length = torch.full((largest,), self.audio_width, dtype=torch.long, device=self.device)
         self.slots = torch.full((largest,), scratch_slot, dtype=torch.long, device=self.device)
         self.signal_length = torch.full((largest,), self.width, dtype=torch.long, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -131,9 +147,14 @@ class PaddedStep:
         with record_function("cache gather"):
             caches = channel_pool.index_select(1, slots), time_pool.index_select(1, slots)
             lengths = length_pool.index_select(0, slots)
+        if self.features_in_step:
+            with record_function("features"):
+                signal = self._features(bucket, slots)
+        else:
+            signal = self.signal[:bucket]
         with record_function("encoder"):
             encoded, self.lengths, channel, time_cache, length = self.encoder.cache_aware_stream_step(
-                processed_signal=self.signal[:bucket],
+                processed_signal=signal,
                 processed_signal_length=self.signal_length[:bucket],
                 cache_last_channel=caches[0],
                 cache_last_time=caches[1],
@@ -147,6 +168,16 @@ class PaddedStep:
             length_pool.index_copy_(0, slots, length)
         with record_function("decoder"):
             return encoded, self._decode(encoded, slots)
+
+    def _features(self, bucket: int, slots: torch.Tensor) -> torch.Tensor:
+        """Rows [:bucket]'s encoder input from their audio: mel frames [skip, skip + count) of each segment (each row
+        masked at its own length; step_features.py), after the slot's pre-encode history; the slots' history
+        moves on. What `CacheAwareBackend._signal` does for a step given mel frames."""
+        mel = self.mel(self.audio[:bucket], self.audio_length[:bucket])
+        keep = self.pre_encode
+        joined = torch.cat((self.history_pool.index_select(0, slots), mel), dim=2)
+        self.history_pool.index_copy_(0, slots, joined[:, :, -keep:])
+        return joined[:, :, keep - self.history :].to(self.signal.dtype)
 
     def _decode(self, encoded: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Greedy RNN-T over every frame of every row (all rows have all frames in a steady step): at each
@@ -237,9 +268,22 @@ class PaddedStep:
         """Step the streams in `slots` on `signal` [B, mel, width] without waiting for the device: their token
         table is copied to the host behind the step (`TokenTable.tokens` waits for it). A step launched after this
         one reads this one's results only through the table: the static outputs are the next step's."""
+        if self.features_in_step:
+            raise ValueError("this padded step computes its features: launch it with audio (launch_audio)")
+        self.signal[: len(slots)].copy_(signal)
+        return self._replay(slots)
+
+    def launch_audio(self, audio: torch.Tensor, lengths: torch.Tensor, slots: list[int]) -> TokenTable:
+        """`launch`, from the streams' audio segments [B, audio_width] (host, pinned for a GPU) and their lengths [B]
+        (features.segment_batch): the step computes their mel frames itself."""
+        rows = len(slots)
+        self.audio[:rows].copy_(audio, non_blocking=True)
+        self.audio_length[:rows].copy_(upload(lengths, self.device))
+        return self._replay(slots)
+
+    def _replay(self, slots: list[int]) -> TokenTable:
         rows = len(slots)
         bucket = bucket_for(rows, self.buckets)
-        self.signal[:rows].copy_(signal)
         self.slots[:rows].copy_(upload(torch.tensor(slots, dtype=torch.long), self.device))
         self.slots[rows:bucket].fill_(self.scratch_slot)
         graph = self.graphs.get(bucket)
