@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 17 on the lent H200: the ASR step as CUDA graphs. `bash results/h200/asr_graphs.sh STAGE...` from the repo
-# root on the device, with carry [".whl", "voiceagent/v1"] (and the wheels of pytest in wheels/test/). Stages:
+# root on the device, with carry [".asrwhl", "voiceagent/v1"] and WHL=.asrwhl (the NeMo wheels of ENGINE_NOTES, grpcio,
+# py-spy, and pytest with its dependencies for the tests stage: results/h200/README.md v8). Stages:
 #   check  results/h200/asr_graph_check.py: nemotron-0.6b, 320 ms, buckets to 2048: graph vs eager, step times
 #   tests  tests/asr/test_cuda_graphs.py (graphs on vs padded eager vs eager; fastconformer-small, bf16)
-#   bench  services/asr/benchmark.py at $CHUNKS: NeMo's own loop vs the service with graphs, 4 client processes
+#   bench  services/asr/benchmark.py at $CHUNKS: NeMo's own loop vs the service with graphs (ONLY=engine,cache-aware,
+#          buffered adds the buffered service), 4 client processes
 #   service  the service with graphs alone (no engine-direct), the same search
 #   bench-eager  the service with --cuda-graphs false, the same search
 #   compare  results/h200/asr_compare.py: this tree against the base tree $BASE (default .base), paced real-time
@@ -43,45 +45,45 @@ for stage in "$@"; do
     case $stage in
     check)
         timeout -k 5 "${CHECK_S:-170}" python3 -m results.h200.asr_graph_check --preset nemotron-0.6b --chunk-ms 320 \
-            --max-streams 2048 2>&1 | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graph_check.txt"
+            --max-streams 2048 2>&1 | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graph_check.txt"
         ;;
     tests)
         timeout -k 5 "${TESTS_S:-200}" python3 -m pytest tests/asr/test_cuda_graphs.py -v -s -rs -p no:cacheprovider 2>&1 \
-            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_cuda_graph_tests.txt"
+            | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_cuda_graph_tests.txt"
         ;;
     bench)
         timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
-            --dtype bfloat16 --only engine,cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
+            --dtype bfloat16 --only "${ONLY:-engine,cache-aware}" --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
             --start-streams "${START:-1024}" $SEARCH --service-args "--graph-chunks $CHUNKS ${SERVICE_ARGS:-}" 2>&1 \
-            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_bench_$CHUNKS${TAG:-}.txt"
+            | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_bench_$CHUNKS${TAG:-}.txt"
         ;;
     service)
         timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
             --dtype bfloat16 --only cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
             --start-streams "${START:-512}" $SEARCH --service-args "--graph-chunks $CHUNKS ${SERVICE_ARGS:-}" 2>&1 \
-            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_service_$CHUNKS${TAG:-}.txt"
+            | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_service_$CHUNKS${TAG:-}.txt"
         ;;
     bench-eager)
         timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
             --dtype bfloat16 --only cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
             --start-streams "${START:-512}" $SEARCH --service-args "--cuda-graphs false ${SERVICE_ARGS:-}" 2>&1 \
-            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_eager_bench_$CHUNKS${TAG:-}.txt"
+            | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_eager_bench_$CHUNKS${TAG:-}.txt"
         ;;
     compare)
         timeout -k 5 "${COMPARE_S:-300}" python3 -m results.h200.asr_compare --base "${BASE:-.base}" --chunks "$CHUNKS" --builds "${BUILDS:-base,here}" \
             --max-streams "${LIMIT:-3072}" --start-streams "${START:-1024}" --service-args "${SERVICE_ARGS:-}" 2>&1 \
-            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_compare_$CHUNKS${TAG:-}.txt"
+            | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_compare_$CHUNKS${TAG:-}.txt"
         ;;
     profile)
         timeout -k 5 "${PROFILE_S:-150}" python3 -m results.h200.asr_profile --chunk-ms "$CHUNKS" \
-            --batch "${BATCHES:-1024,2048}" 2>&1 | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" \
+            --batch "${BATCHES:-1024,2048}" 2>&1 | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" \
             | tee "$OUT/asr_profile_$CHUNKS${TAG:-}.txt"
         ;;
     split)
         timeout -k 5 "${SPLIT_S:-170}" python3 -m results.h200.asr_cpu_split --chunk-ms "$CHUNKS" --streams \
             "${STREAMS:-1024}" --clients 8 --paced --clip-s 6.4 --py-spy /tmp/asr_spy \
             --service-args "--graph-chunks $CHUNKS ${SERVICE_ARGS:-}" 2>&1 \
-            | grep -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_split_$CHUNKS${TAG:-}.txt"
+            | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_split_$CHUNKS${TAG:-}.txt"
         tar -C /tmp -czf "$OUT/asr_spy_$CHUNKS${TAG:-}.tgz" asr_spy && rm -rf /tmp/asr_spy
         ;;
     esac
