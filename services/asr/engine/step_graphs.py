@@ -5,7 +5,9 @@ two device-to-host syncs; on an H200 that fixed cost, not the arithmetic, bounds
 size's steady step (full-width chunks after the first, 9 mel frames of pre-encode history), its first
 step (the first chunk of every stream, from empty caches) and, at 80 ms, its second step (1 frame of history)
 are each one function
-of static tensors: the streams' mel input [bucket, mel, width] and their cache slots [bucket]. It gathers
+of static tensors: the streams' input and their cache slots [bucket]. The input is their audio segments
+[bucket, samples] with `features_in_step` (the step computes the mel frames and joins them to the slots' pre-encode
+history itself: step_features.py), else their mel frames [bucket, mel, width]. It gathers
 the encoder caches and decoder state of those slots from the pools, runs NeMo's encoder step, decodes the
 new frames greedily (an unrolled, masked RNN-T greedy loop: `max_symbols` joint/predictor evaluations per
 frame for every row, so no host round trip decides when it stops), writes caches and decoder state back,
