@@ -6,6 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")  # the asr environment always has it; the import is only slow
 
+from omegaconf import OmegaConf  # noqa: E402
+
 from services.asr.config import AsrConfig  # noqa: E402
 from services.asr.engine import fastconformer as fc  # noqa: E402
 from services.asr.engine.greedy import GreedyDecoder  # noqa: E402
@@ -38,3 +40,26 @@ def test_chunked_decoding_from_scattered_slots_equals_one_offline_decode():
                 decoded[row] += new
     assert any(expected), "random weights should emit some tokens"
     assert decoded == expected
+
+
+def test_the_decoder_gets_contiguous_states_from_consecutive_slots(tmp_path):
+    """Consecutive slots are read from the pool as a view (a slice along its batch dimension), which with more than one
+    LSTM layer (nemotron-0.6b has two) is not contiguous: cuDNN's LSTM refuses such an `hx` ("rnn: hx is not
+    contiguous"; the CPU LSTM takes it), and the service with its own CUDA graphs failed to start on a GPU that way
+    (results/h200/README.md, v8). What reaches the decoder is contiguous."""
+    spec = OmegaConf.load(AsrConfig(preset="tiny").preset_file)
+    spec.model.decoder.prednet.pred_rnn_layers = 2
+    OmegaConf.save(spec, tmp_path / "two-layers.yaml")
+    model, _ = fc.build_model(tmp_path / "two-layers.yaml", seed=3)
+    decoder = GreedyDecoder(model, slots=8, device="cpu")
+    computer, seen = decoder.computer, []
+
+    def checked(*args, prev_batched_state, **kwargs):
+        seen.extend(state.is_contiguous() for state in prev_batched_state.predictor_states)
+        return computer(*args, prev_batched_state=prev_batched_state, **kwargs)
+
+    decoder.computer = checked
+    with torch.inference_mode():
+        decoder.reset([2, 3, 4])
+        decoder.decode(torch.randn(3, model.encoder.d_model, 4), torch.full((3,), 4), [2, 3, 4])
+    assert seen and all(seen), f"predictor states handed to the decoder, contiguous: {seen}"
