@@ -48,7 +48,7 @@ for stage in "$@"; do
             --max-streams 2048 2>&1 | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graph_check.txt"
         ;;
     tests)
-        timeout -k 5 "${TESTS_S:-200}" python3 -m pytest tests/asr/test_cuda_graphs.py -v -s -rs -p no:cacheprovider 2>&1 \
+        timeout -k 5 "${TESTS_S:-330}" python3 -m pytest tests/asr/test_cuda_graphs.py -v -s -rs -p no:cacheprovider 2>&1 \
             | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_cuda_graph_tests.txt"
         ;;
     bench)

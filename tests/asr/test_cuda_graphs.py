@@ -1,5 +1,6 @@
 """CUDA graphs on vs off (GPU only): the captured first and steady steps give the transcripts and encoder
-outputs of the eager step, also after a long Recognize stepped in its offline lane. On the CPU these are
+outputs of the eager step, also after a long Recognize stepped in its offline lane; so do graphs given mel frames
+computed before the step (--features-in-step false) and graphs of the fused encoder. On the CPU these are
 skipped; tests/asr/test_padded_steps.py checks the same padded path (bucket choice, padding rows, slot
 mapping) there, and tests/asr/test_graph_inputs.py that what a step reads stays alive and in place."""
 
@@ -38,8 +39,11 @@ def services(tmp_path_factory):
         _service(record_dir, "graphs", "--cuda-graphs", "true") as graphs,
         _service(record_dir, "padded", "--cuda-graphs", "false", "--padded-steps", "true") as padded,
         _service(record_dir, "eager", "--cuda-graphs", "false") as eager,
+        _service(record_dir, "host-features", "--cuda-graphs", "true", "--features-in-step", "false") as host,
+        _service(record_dir, "fused", "--cuda-graphs", "true", "--fused-encoder", "true") as fused,
     ):
-        yield record_dir, {"graphs": graphs, "padded": padded, "eager": eager}
+        running = {"graphs": graphs, "padded": padded, "eager": eager, "host-features": host, "fused": fused}
+        yield record_dir, running
 
 
 def _recorded(directory, request_id: str):
@@ -88,7 +92,9 @@ def test_graphs_equal_eager(services, chunk_ms):
     results = _run(record_dir, running, chunk_ms, [2.0, 3.1, 2.6, 1.5, 3.1])  # 5 streams: bucket 8
     assert metric(running["graphs"], "voiceagent_asr_padded_step_rows_total", chunk_ms=str(chunk_ms)) > before
     graphs_text, graphs_out = results["graphs"]
-    for name in ("padded", "eager"):
+    # padded: the same function eagerly; eager: NeMo's step; host-features: graphs given mel frames computed before
+    # the step (cuFFT) instead of computing them inside it; fused: graphs of the fused encoder (not yet the default)
+    for name in ("padded", "eager", "host-features", "fused"):
         text, outputs = results[name]
         worst = max(float(np.abs(a[0] - b[0]).max()) for a, b in zip(graphs_out, outputs, strict=True))
         print(
