@@ -27,7 +27,7 @@ from services.asr import metrics
 from services.asr.engine import fastconformer as fc
 from services.asr.engine import features
 from services.asr.engine.batching import BatchingBackend, GroupResult
-from services.asr.engine.slots import gather, rows, scatter
+from services.asr.engine.slots import gather, join_history, rows, scatter
 from services.asr.engine.step_graphs import PaddedStep, bucket_for, buckets_up_to
 from services.asr.engine.stream import Stream
 
@@ -180,14 +180,12 @@ class CacheAwareBackend(BatchingBackend):
         width; the slots' history rows move on to the last `pre_encode_frames` frames of that."""
         keep = self.pre_encode_frames
         at = rows([stream.slot for stream in streams], self.device)
-        before = gather(self.history, 0, at)  # [B, mel, keep]
-        if isinstance(chunks, torch.Tensor):  # the steady state: a few batched calls, none per stream
-            joined = torch.cat((before, chunks), dim=2)
-            scatter(self.history, 0, at, joined[:, :, -keep:])
-            signal = joined[:, :, keep - history :]
+        if isinstance(chunks, torch.Tensor):  # the steady state
+            signal = join_history(self.history, at, chunks, history)
             return signal, [signal.shape[2]] * len(streams)
         # A stream's short last chunk, or frames left over from an earlier step: zero-pad (the encoder masks each
         # stream at its length).
+        before = gather(self.history, 0, at)  # [B, mel, keep]
         joined = [torch.cat((before[index], chunk), dim=1) for index, chunk in enumerate(chunks)]
         scatter(self.history, 0, at, torch.stack([row[:, -keep:] for row in joined]))
         inputs = [row[:, keep - history :] for row in joined]
@@ -234,7 +232,7 @@ class CacheAwareBackend(BatchingBackend):
             read_bytes=self.shape.step_read_bytes(len(streams), with_cache=True),
         )
 
-    def encode_audio(self, streams: list[Stream], segments: list, sizes: list[int]) -> GroupResult | None:
+    def encode_audio(self, streams: list[Stream], segments: list) -> GroupResult | None:
         """A padded step that computes its streams' mel frames itself, when it has one for these streams and every
         segment is a whole chunk with the step's lead (features.segment_batch); else None (features on the host)."""
         history, _drop = self._history_and_drop(streams[0])

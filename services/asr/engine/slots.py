@@ -34,3 +34,13 @@ def scatter(pool: torch.Tensor, dim: int, at: slice | torch.Tensor, values: torc
         pool.narrow(dim, at.start, at.stop - at.start).copy_(values)
     else:
         pool.index_copy_(dim, at, values)
+
+
+def join_history(pool: torch.Tensor, at: slice | torch.Tensor, frames: torch.Tensor, history: int) -> torch.Tensor:
+    """The last `history` pre-encode frames of the slots `at` (pool [slots, mel, keep]) then their new mel `frames`
+    [B, mel, T], as one batch; the slots' kept frames move on to the last `keep` of that. A few batched calls, none
+    per stream (the same in a padded step's graph, with `at` its slot tensor)."""
+    keep = pool.shape[2]
+    joined = torch.cat((gather(pool, 0, at), frames), dim=2)
+    scatter(pool, 0, at, joined[:, :, -keep:])
+    return joined[:, :, keep - history :]

@@ -50,7 +50,7 @@ class Stepping:
         segments = [
             stream.feature_segment(stream.mel_consumed + size) for stream, size in zip(streams, sizes, strict=True)
         ]
-        result = self.encode_audio(streams, segments, sizes)
+        result = self.encode_audio(streams, segments)
         if result is None:  # features here, then the encoder
             chunks, sizes = self._chunks(segments, sizes)
             result = self.encode_group(streams, chunks)
@@ -102,7 +102,7 @@ class Stepping:
             stream.steps += 1
         return updates
 
-    def encode_audio(self, streams: list[Stream], segments: list, sizes: list[int]) -> GroupResult | None:
+    def encode_audio(self, streams: list[Stream], segments: list) -> GroupResult | None:
         """A step that computes its streams' features itself, from their audio `segments` (the cache-aware
         backend's padded steps: the mel front end inside the graph); None: features here, then `encode_group`."""
         return None

@@ -38,7 +38,7 @@ import torch
 from torch.profiler import record_function
 
 from services.asr.engine import features
-from services.asr.engine.slots import upload
+from services.asr.engine.slots import join_history, upload
 from services.asr.engine.step_features import StepFeatures
 
 log = logging.getLogger(__name__)
@@ -176,10 +176,7 @@ class PaddedStep:
         masked at its own length; step_features.py), after the slot's pre-encode history; the slots' history
         moves on. What `CacheAwareBackend._signal` does for a step given mel frames."""
         mel = self.mel(self.audio[:bucket], self.audio_length[:bucket])
-        keep = self.pre_encode
-        joined = torch.cat((self.history_pool.index_select(0, slots), mel), dim=2)
-        self.history_pool.index_copy_(0, slots, joined[:, :, -keep:])
-        return joined[:, :, keep - self.history :].to(self.signal.dtype)
+        return join_history(self.history_pool, slots, mel, self.history).to(self.signal.dtype)
 
     def _decode(self, encoded: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Greedy RNN-T over every frame of every row (all rows have all frames in a steady step): at each
