@@ -324,6 +324,14 @@ ASR_SESSION18_CALLS = {  # call -> the code it ran (results/h200/README.md, v8);
     "call7": "1201e43", "call8": "eb4581a", "call9": "eb4581a", "call10": "eb4581a", "call11": "eb4581a",
     "call12": "eb4581a", "call16": "eb4581a",
 }  # fmt: skip
+ASR_FEATURE_MARKS = {  # the host mel front end in the step thread (session 18's split at 1,536 paced streams)
+    "next_segment": "FeatureStream.next_segment",
+    "mel_batch": "mel_batch",
+    "upload": "upload",
+    "stft": "stft",
+    "graph_replay": "CUDAGraph.replay",
+    "event_loop_select": "EpollSelector.select",
+}
 ASR_RTF_PROBE = re.compile(r"^    probe: (\d+) streams, RTF ([\d.]+)$", re.M)
 ASR_RTF_FOUND = re.compile(r"^  (engine-direct|service cache-aware)\s+(\d+) ms: (\d+) streams", re.M)
 
@@ -348,6 +356,7 @@ def asr_session18_figures() -> dict:
             "probes": [{"streams": int(n), "rtf": float(v)} for n, v in ASR_RTF_PROBE.findall(text)],
         }  # fmt: skip
     split = folder / "call8_asr_split_320_fused_fe4_1536.txt"
+    spy = folder / "spy" / "engine_1536_12099.txt"  # the engine process's record, from call8_asr_spy_*.tgz
     return {
         "device": "H100 80GB HBM3",
         "paced_searches": searches,
@@ -356,6 +365,7 @@ def asr_session18_figures() -> dict:
             "source": split.relative_to(RAW).as_posix(),
             "levels": split_levels(split.read_text(), "p95_over_chunk"),
         },
+        "engine_py_spy_1536": py_spy_summary(spy, {**ASR_ENGINE_MARKS, **ASR_FEATURE_MARKS}),
     }
 
 
