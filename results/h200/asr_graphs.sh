@@ -6,6 +6,8 @@
 #   tests  tests/asr/test_cuda_graphs.py (graphs on vs padded eager vs eager; fastconformer-small, bf16)
 #   bench  services/asr/benchmark.py at $CHUNKS: NeMo's own loop vs the service with graphs (ONLY=engine,cache-aware,
 #          buffered adds the buffered service), 4 client processes
+#   table  one row of the issue's table at $CHUNKS: NeMo's loop and the service ($START, $LIMIT), then the buffered
+#          service ($BUF_START, $BUF_LIMIT), with $SEARCH (e.g. the paced search of v8)
 #   service  the service with graphs alone (no engine-direct), the same search
 #   bench-eager  the service with --cuda-graphs false, the same search
 #   compare  results/h200/asr_compare.py: this tree against the base tree $BASE (default .base), paced real-time
@@ -56,6 +58,17 @@ for stage in "$@"; do
             --dtype bfloat16 --only "${ONLY:-engine,cache-aware}" --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
             --start-streams "${START:-1024}" $SEARCH --service-args "--graph-chunks $CHUNKS ${SERVICE_ARGS:-}" 2>&1 \
             | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_bench_$CHUNKS${TAG:-}.txt"
+        ;;
+    table)  # one row of issue 17's table at $CHUNKS: NeMo's loop and the service interleaved, then buffered alone
+        # (a buffered probe far past its capacity would run for minutes: it searches from its own $BUF_START)
+        timeout -k 5 "${TABLE_S:-200}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
+            --dtype bfloat16 --only engine,cache-aware --chunks "$CHUNKS" --max-streams "${LIMIT:-3328}" \
+            --start-streams "${START:-1024}" $SEARCH --service-args "--graph-chunks $CHUNKS ${SERVICE_ARGS:-}" 2>&1 \
+            | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_table_$CHUNKS${TAG:-}.txt"
+        timeout -k 5 "${BUF_S:-120}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
+            --dtype bfloat16 --only buffered --chunks "$CHUNKS" --max-streams "${BUF_LIMIT:-1024}" \
+            --start-streams "${BUF_START:-128}" $SEARCH --service-args "${SERVICE_ARGS:-}" 2>&1 \
+            | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee -a "$OUT/asr_table_$CHUNKS${TAG:-}.txt"
         ;;
     service)
         timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
