@@ -57,7 +57,7 @@ for stage in "$@"; do
         timeout -k 5 "${BENCH_S:-330}" python3 -m services.asr.benchmark --preset nemotron-0.6b --device cuda \
             --dtype bfloat16 --only "${ONLY:-engine,cache-aware}" --chunks "$CHUNKS" --max-streams "${LIMIT:-4096}" \
             --start-streams "${START:-1024}" $SEARCH --service-args "--graph-chunks $CHUNKS ${SERVICE_ARGS:-}" 2>&1 \
-            | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_bench_$CHUNKS${TAG:-}.txt"
+            | grep -av "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason" | tee "$OUT/asr_graphs_bench_${CHUNKS//,/-}${TAG:-}.txt"
         ;;
     table)  # one row of issue 17's table at $CHUNKS: NeMo's loop and the service interleaved, then buffered alone
         # (a buffered probe far past its capacity would run for minutes: it searches from its own $BUF_START)

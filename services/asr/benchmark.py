@@ -87,14 +87,6 @@ class EngineDirect:
             module.to(self.dtype)
 
     def rtf(self, chunk_ms: int, streams: int, seconds: float) -> float:
-        rtf = self._probe(chunk_ms, streams, seconds)
-        if self.device != "cpu":
-            # The probe's caches and activations go back to the driver: the services probed between engine
-            # probes share the device (bench-asr --only engine,cache-aware), and must not find it held here.
-            self.torch.cuda.empty_cache()
-        return rtf
-
-    def _probe(self, chunk_ms: int, streams: int, seconds: float) -> float:
         from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
 
         from services.asr.engine.fastconformer import context_for_chunk_ms

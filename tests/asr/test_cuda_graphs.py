@@ -1,8 +1,13 @@
-"""CUDA graphs on vs off (GPU only): the captured first and steady steps give the transcripts and encoder
-outputs of the eager step, also after a long Recognize stepped in its offline lane; so do graphs given mel frames
-computed before the step (--features-in-step false) and graphs of the fused encoder. On the CPU these are
-skipped; tests/asr/test_padded_steps.py checks the same padded path (bucket choice, padding rows, slot
-mapping) there, and tests/asr/test_graph_inputs.py that what a step reads stays alive and in place."""
+"""CUDA graphs on vs off (GPU only), also after a long Recognize stepped in its offline lane:
+- the captured steps equal the same padded steps run eagerly, exactly (same kernels, same shapes);
+- given the same mel frames (--features-in-step false: the preprocessor's cuFFT STFT before the step), graphs give
+  the eager service's transcripts and its encoder outputs within bf16 tolerance;
+- with the mel front end inside the step (a DFT as a matmul, equal to the preprocessor to float rounding:
+  tests/asr/test_features.py) and with the fused encoder, the encoder outputs stay within bf16 tolerance. Their
+  transcripts are printed, not compared: with random weights a rounding difference in one mel frame changes later
+  tokens (session 19's H100 run: a 6 s Recognize diverged after ~90 characters).
+On the CPU these are skipped; tests/asr/test_padded_steps.py checks the same padded path (bucket choice, padding
+rows, slot mapping) there, and tests/asr/test_graph_inputs.py that what a step reads stays alive and in place."""
 
 from __future__ import annotations
 
@@ -61,11 +66,14 @@ def _recorded(directory, request_id: str):
                 return arrays["encoded"], arrays["token_ids"].tolist()
             except Exception:
                 pass
-            if time.monotonic() > deadline:
-                head = path.read_bytes()[:96] if path.exists() else b"(missing)"
+            if time.monotonic() > deadline:  # what was there: session 19's H100 run found null bytes in a header
+                data = path.read_bytes() if path.exists() else b""
+                nulls = [i for i, byte in enumerate(data[:256]) if byte == 0]
                 listing = sorted(p.name for p in directory.iterdir())[:20]
-                size = path.stat().st_size if path.exists() else None
-                raise AssertionError(f"{path}: {exc!r}; size {size}; head {head!r}; dir {listing}") from exc
+                raise AssertionError(
+                    f"{path}: {exc!r}; size {len(data)}; first 256 bytes {data[:256]!r}; null bytes at {nulls}; "
+                    f"dir {listing}"
+                ) from exc
             time.sleep(0.2)
 
 
@@ -91,20 +99,23 @@ def test_graphs_equal_eager(services, chunk_ms):
     before = metric(running["graphs"], "voiceagent_asr_padded_step_rows_total", chunk_ms=str(chunk_ms))
     results = _run(record_dir, running, chunk_ms, [2.0, 3.1, 2.6, 1.5, 3.1])  # 5 streams: bucket 8
     assert metric(running["graphs"], "voiceagent_asr_padded_step_rows_total", chunk_ms=str(chunk_ms)) > before
-    graphs_text, graphs_out = results["graphs"]
-    # padded: the same function eagerly; eager: NeMo's step; host-features: graphs given mel frames computed before
-    # the step (cuFFT) instead of computing them inside it; fused: graphs of the fused encoder (not yet the default)
-    for name in ("padded", "eager", "host-features", "fused"):
-        text, outputs = results[name]
-        worst = max(float(np.abs(a[0] - b[0]).max()) for a, b in zip(graphs_out, outputs, strict=True))
+    # graphs vs padded: the same steps eagerly (identical); host-features vs eager: graphs given the preprocessor's
+    # mel frames against NeMo's step (transcripts equal); graphs vs eager, host-features and fused: mel rounding and
+    # the fused encoder's arithmetic (encoder outputs within bf16 tolerance)
+    pairs = [("graphs", "padded", 0.0, True), ("host-features", "eager", BF16_TOLERANCE, True)]
+    pairs += [("graphs", name, BF16_TOLERANCE, False) for name in ("eager", "host-features", "fused")]
+    for one, other, tolerance, same_text in pairs:
+        (text, outputs), (other_text, other_outputs) = results[one], results[other]
+        worst = max(float(np.abs(a[0] - b[0]).max()) for a, b in zip(outputs, other_outputs, strict=True))
         print(
-            f"{chunk_ms} ms, graphs vs {name}: max |encoder difference| {worst:.3g}, "
-            f"transcripts equal {text == graphs_text}"
+            f"{chunk_ms} ms, {one} vs {other}: max |encoder difference| {worst:.3g}, "
+            f"transcripts equal {text == other_text}"
         )
-        assert worst <= (0 if name == "padded" else BF16_TOLERANCE)
-        if name == "padded":  # the same kernels at the same shapes: identical
-            assert [o[1] for o in outputs] == [o[1] for o in graphs_out]
-        assert text == graphs_text
+        assert worst <= tolerance, (one, other, worst)
+        if tolerance == 0:  # the same kernels at the same shapes: identical tokens too
+            assert [o[1] for o in outputs] == [o[1] for o in other_outputs]
+        if same_text:
+            assert text == other_text, (one, other)
 
 
 def test_graphs_after_a_long_recognize_still_equal_eager(services):
@@ -113,10 +124,14 @@ def test_graphs_after_a_long_recognize_still_equal_eager(services):
     eager transcripts, and so does the clip."""
     record_dir, running = services
     audio = clip(6.0, seed=90)
+    names = ("graphs", "padded", "host-features", "eager")  # the pairs whose transcripts must agree, as above
     texts = {}
-    for name in ("graphs", "eager"):
+    for name in names:
         request = asr_pb2.RecognizeRequest(config=config(320, request_id=f"{name}-long"), audio=audio.tobytes())
         texts[name] = stub(running[name]).Recognize(request, timeout=120).transcript
-    assert texts["graphs"] == texts["eager"]
-    after = _run(record_dir, {name: running[name] for name in ("graphs", "eager")}, 320, [1.9, 2.6, 3.1])
-    assert after["graphs"][0] == after["eager"][0]
+    print(f"long Recognize: graphs equal eager {texts['graphs'] == texts['eager']}")
+    assert texts["graphs"] == texts["padded"]
+    assert texts["host-features"] == texts["eager"]
+    after = _run(record_dir, {name: running[name] for name in names}, 320, [1.9, 2.6, 3.1])
+    assert after["graphs"][0] == after["padded"][0]
+    assert after["host-features"][0] == after["eager"][0]
