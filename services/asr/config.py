@@ -164,10 +164,11 @@ class AsrConfig(ServingConfig):
         },
     )
     features_in_step: bool = dataclasses.field(
-        default=True,
+        default=False,
         metadata={
             "help": "padded steps / CUDA graphs take each stream's audio and compute its mel frames themselves "
-            "(false: the mel front end runs before the step, a few dozen eager launches per step on a GPU)"
+            "(false: the mel front end runs before the step, a few dozen eager launches per step on a GPU; off "
+            "until measured on a GPU)"
         },
     )
     graph_chunks: str = dataclasses.field(

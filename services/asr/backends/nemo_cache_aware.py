@@ -46,7 +46,7 @@ class CacheAwareBackend(BatchingBackend):
         cuda_graphs: bool = False,
         graph_chunks=(),
         graph_first_steps: bool = True,
-        features_in_step: bool = True,
+        features_in_step: bool = False,
         **kwargs,
     ):
         super().__init__(model, *args, **kwargs)
