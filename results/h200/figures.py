@@ -369,6 +369,73 @@ def asr_session18_figures() -> dict:
     }
 
 
+ASR_PROBE = re.compile(r"^    probe: (\d+) streams, (RTF|p95/chunk) ([\d.]+)$", re.M)
+ASR_SEARCH_END = re.compile(r"^  (engine-direct|service cache-aware|service buffered)\s+(\d+) ms: (\d+) streams", re.M)
+
+
+def bench_searches(path: Path, code: str, chunk_ms: int | None = None) -> list[dict]:
+    """The searches of one bench-asr output (paced: engine-direct by RTF, services by p95/chunk), in order: each
+    one's probes and what it found. A search cut short (a crash, its stage's time limit) has found None; its passing
+    and failing probes still bound it."""
+    cut_short = {
+        "RTF": "engine-direct",
+        "p95/chunk": "service " + ("buffered" if "buffered" in path.name else "cache-aware"),
+    }
+    searches = []
+    for part in path.read_text(errors="replace").split("Traceback"):  # a crashed run, then the next one
+        start = 0
+        for end in ASR_SEARCH_END.finditer(part):
+            probes = ASR_PROBE.findall(part, start, end.start())
+            searches.append((end.group(1), int(end.group(2)), int(end.group(3)), probes))
+            start = end.end()
+        rest = ASR_PROBE.findall(part, start)
+        for measure in dict.fromkeys(m for _, m, _ in rest):  # interleaved searches cut short, one per measure
+            searches.append((cut_short[measure], chunk_ms, None, [probe for probe in rest if probe[1] == measure]))
+    out = []
+    for path_name, chunk, streams, probes in searches:
+        values = [{"streams": int(n), "measure": m, "value": float(v)} for n, m, v in probes]
+        # a value printed as 1.00 passed if the search found it (it was below 1 before rounding)
+        passed = [p["streams"] for p in values if p["value"] < 1 or p["streams"] == streams]
+        failed = [p["streams"] for p in values if p["streams"] not in passed]
+        out.append(
+            {
+                "source": path.relative_to(RAW).as_posix(),
+                "code": code,
+                "path": path_name,
+                "chunk_ms": chunk,
+                "real_time_streams": streams,
+                "largest_passing_probe": max(passed, default=0),
+                "smallest_failing_probe": min(failed, default=None),
+                "probes": values,
+            }
+        )
+    return out
+
+
+def asr_session19_figures() -> dict:
+    """Issue 17, session 19, on an H100: the rows of the issue's table that were measured (NeMo's own loop at every
+    chunk size, per-stream RTF < 1; the service, `--fused-encoder true --frontends 4 --features-in-step false`, and
+    the buffered service, paced real-time streams, per-chunk latency p95 < the chunk), and one paced compare at
+    320 ms. Code: ea878ad's tree plus 91e4fc5 (bench-asr's empty_cache between engine probes, reverted since: it
+    broke NeMo's loop) in calls 3 and 4; 1d2240d's bench-asr in calls 5 and 6."""
+    folder = RAW / "asr_session19"
+    codes = {"call3": "91e4fc5", "call4": "91e4fc5", "call5": "1d2240d", "call6": "1d2240d"}
+    searches = []
+    for name in (
+        "call3_asr_table_80.txt", "call4_asr_graphs_service_160_service.txt", "call4_asr_graphs_bench_160_buffered.txt",
+        "call4_asr_graphs_service_320_service.txt", "call4_asr_graphs_bench_320_buffered.txt",
+        "call5_asr_graphs_service_560_service.txt", "call6_asr_engine_5chunks.txt",
+    ):  # fmt: skip
+        chunk = int(re.search(r"_(\d+)(?:_|\.)", name.split("_asr_")[1]).group(1)) if "5chunks" not in name else None
+        searches += bench_searches(folder / name, codes[name.split("_")[0]], chunk)
+    compare = folder / "call5_asr_compare_320_320_host.txt"
+    return {
+        "device": "H100 80GB HBM3",
+        "searches": searches,
+        "paced_compare_320": paced_search(compare, codes["call5"]),
+    }
+
+
 ASR_STEP = re.compile(
     r"^bucket\s+(\d+) rows\s+(\d+): max \|graph - eager\| encoder (\S+), state (\S+), tokens equal (\w+)"
     r".*?(?:; step ([\d.]+) ms graph vs ([\d.]+) ms eager)?$",
@@ -780,6 +847,7 @@ def main() -> None:
         "asr_paced": asr_paced_figures(),
         "asr_session17": asr_session17_figures(),
         "asr_session18": asr_session18_figures(),
+        "asr_session19": asr_session19_figures(),
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "tts_profile": tts_profile_figures(),
