@@ -1,5 +1,7 @@
-"""The batched step's speed-ups (BatchedVoxCPM.fold_weight_norm, compile, set_vae_dtype): the first two keep
-the model's audio, the bf16 VAE stays close to it; the service takes --vae-dtype and refuses what it cannot run."""
+"""The batched engine's speed-ups (BatchedVoxCPM.fold_weight_norm, compile, set_vae_dtype, the zero-shot prefill
+without the local encoder): all but the bf16 VAE keep the model's audio, the bf16 VAE stays close to it; the
+service takes --vae-dtype and refuses what it cannot run. (That the batched engine speaks as VoxCPM2's own
+generate does, prefill included, is tests/tts/test_synthesis.py's first test.)"""
 
 from __future__ import annotations
 
@@ -110,3 +112,17 @@ def test_an_engine_whose_compiled_step_fails_serves_it_uncompiled(monkeypatch, r
     assert len(compiled) == 2  # the solver and the VAE (batched_engine.COMPILED_PARTS)
     assert not engine_.compiled and payload["shape"]["solver_compiled"] == 0
     np.testing.assert_array_equal(speak(engine_), reference)  # the fold is exact, the rest is the eager step
+
+
+def test_a_zero_shot_prefill_runs_no_local_encoder():
+    """Every position of a zero-shot prefix is text, so VoxCPM2's local encoder over its (zero) audio patches only
+    ever meets a zero mask: the prefill leaves it out (~38 % of a voxcpm2 prefill's FLOPs); the step still runs it
+    on each new patch."""
+    batched = engine()
+    calls = []
+    batched.model.feat_encoder.register_forward_hook(lambda *_: calls.append(1))
+    batched.prefill([0], [batched.text_tokens(TEXT)])
+    assert calls == []
+    generator = torch.Generator().manual_seed(0)
+    batched.step([0], [10], [2.0], batched.noise(generator)[None])
+    assert calls == [1]
