@@ -25,6 +25,11 @@ SOLVER_ATTENTIONS = ("default", "math", "flash", "efficient", "cudnn")
 CFG_RANGE = (0.0, 10.0)
 
 
+def closed_range(bounds: tuple[float, float]) -> str:
+    """How a bound pair reads in an error message: both ends allowed."""
+    return f"[{bounds[0]:g}, {bounds[1]:g}]"
+
+
 def preset_names() -> list[str]:
     return sorted(path.stem for path in PRESETS.glob("*.json"))
 
@@ -158,10 +163,12 @@ class TtsConfig(ServingConfig):
         require(
             low <= self.inference_timesteps <= high,
             "inference_timesteps",
-            f"must be {low}..{high}, got {self.inference_timesteps}",
+            f"must be in {closed_range(TIMESTEPS_RANGE)}, got {self.inference_timesteps}",
         )
         require(
-            CFG_RANGE[0] <= self.cfg_value <= CFG_RANGE[1], "cfg_value", f"must be in {CFG_RANGE}, got {self.cfg_value}"
+            CFG_RANGE[0] <= self.cfg_value <= CFG_RANGE[1],
+            "cfg_value",
+            f"must be in {closed_range(CFG_RANGE)}, got {self.cfg_value}",
         )
         require(self.patches_per_char > 0, "patches_per_char", f"must be > 0, got {self.patches_per_char}")
         require(self.max_patches >= 4, "max_patches", f"must be >= 4, got {self.max_patches}")

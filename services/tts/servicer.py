@@ -12,7 +12,14 @@ from collections.abc import AsyncIterator
 import grpc
 
 from services.tts.backend import SpeechBackend, SynthesisRequest
-from services.tts.config import CFG_RANGE, NATIVE_SAMPLE_RATE_HZ, OUTPUT_SAMPLE_RATES_HZ, TIMESTEPS_RANGE, TtsConfig
+from services.tts.config import (
+    CFG_RANGE,
+    NATIVE_SAMPLE_RATE_HZ,
+    OUTPUT_SAMPLE_RATES_HZ,
+    TIMESTEPS_RANGE,
+    TtsConfig,
+    closed_range,
+)
 from services.tts.metrics import measure_synthesis
 from services.tts.phrases import PhraseSplitter, speakable
 from voiceagent.serving.ceilings import UNMEASURED, DeviceCeilings
@@ -94,12 +101,14 @@ class TtsService(tts_pb2_grpc.SpeechSynthesizerServicer):
         if config.HasField("inference_timesteps"):
             timesteps = config.inference_timesteps
             if not TIMESTEPS_RANGE[0] <= timesteps <= TIMESTEPS_RANGE[1]:
-                raise InvalidRequest("config.inference_timesteps", f"{timesteps} outside {TIMESTEPS_RANGE}")
+                raise InvalidRequest(
+                    "config.inference_timesteps", f"must be in {closed_range(TIMESTEPS_RANGE)}, got {timesteps}"
+                )
         cfg_value = self.config.cfg_value
         if config.HasField("cfg_value"):
             cfg_value = config.cfg_value
             if not (math.isfinite(cfg_value) and CFG_RANGE[0] <= cfg_value <= CFG_RANGE[1]):
-                raise InvalidRequest("config.cfg_value", f"{cfg_value} outside {CFG_RANGE}")
+                raise InvalidRequest("config.cfg_value", f"must be in {closed_range(CFG_RANGE)}, got {cfg_value}")
         return SynthesisRequest(
             request_id=request_id(config.request_id, "config.request_id"),
             segments=segments,

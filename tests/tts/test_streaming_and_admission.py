@@ -139,6 +139,19 @@ def test_bad_synthesize_input_is_invalid_argument_naming_the_field(stub, text, c
 
 
 @pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"inference_timesteps": 51}, "config.inference_timesteps: must be in [1, 50], got 51"),
+        ({"cfg_value": 10.5}, "config.cfg_value: must be in [0, 10], got 10.5"),
+    ],
+)
+def test_an_out_of_range_setting_names_the_bounds_a_request_may_use(stub, config, says):
+    with pytest.raises(grpc.RpcError) as error:
+        synthesize(stub, "Hi.", **config)
+    assert error.value.details() == says
+
+
+@pytest.mark.parametrize(
     ("messages", "field"),
     [
         ([text_message("Hello.")], "config"),
