@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 17 on the lent H200: the ASR step as CUDA graphs. `bash results/h200/asr_graphs.sh STAGE...` from the repo
 # root on the device, with carry [".asrwhl", "voiceagent/v1"] and WHL=.asrwhl (the NeMo wheels of ENGINE_NOTES, grpcio,
-# py-spy, and pytest with its dependencies for the tests stage: results/h200/README.md v8). Stages:
+# py-spy, and pytest with its dependencies for the tests stage: results/h200/README.md v8; rebuilt by
+# `python -m results.h200.bundles whl --dest .asrwhl`, "Repeat"). Stages:
 #   check  results/h200/asr_graph_check.py: nemotron-0.6b, 320 ms, buckets to 2048: graph vs eager, step times
 #   tests  tests/asr/test_cuda_graphs.py (graphs on vs padded eager vs eager; fastconformer-small, bf16)
 #   bench  services/asr/benchmark.py at $CHUNKS: NeMo's own loop vs the service with graphs (ONLY=engine,cache-aware,
