@@ -135,13 +135,15 @@ def unmet(bundle: Path) -> list[str]:
 
 
 def base(rev: str, dest: Path) -> None:
-    """`git archive rev` into dest, less results/, with this tree's generated stubs (voiceagent/v1 is generated)."""
+    """What a build of `rev` runs (services/, voiceagent/; asr_compare starts its services from there), with this
+    tree's generated stubs (voiceagent/v1 is generated, not committed)."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir()
-    archive = subprocess.run(["git", "-C", ROOT, "archive", rev], check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", ROOT, "archive", rev, "services", "voiceagent"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
-    shutil.rmtree(dest / "results", ignore_errors=True)  # journals and raw outputs: carry size, nothing a build runs
     stubs = dest / "voiceagent" / "v1"
     stubs.mkdir(parents=True, exist_ok=True)
     for stub in (ROOT / "voiceagent" / "v1").glob("*.py*"):
