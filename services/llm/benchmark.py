@@ -37,6 +37,8 @@ class RequestResult:
 
     ttft: float = 0.0
     engine_ttft: float = 0.0  # the service's own TTFT for this request (its completion timings); 0 engine-direct
+    decode: float = 0.0  # first token to last, as the client saw them
+    engine_decode: float = 0.0  # the same span as the service's backend saw it (completion timings); 0 engine-direct
     itl: list[float] = dataclasses.field(default_factory=list)
     latency: float = 0.0
     output_tokens: int = 0
@@ -66,6 +68,13 @@ class LevelResult:
 
     def ttft_ms(self, quantile: float) -> float:
         return 1000 * percentile([r.ttft for r in self.requests if r.success], quantile)
+
+    def decode_ms(self, quantile: float, backend: bool = False) -> float:
+        """Per request, first token to last: as the client saw it, or (`backend`) as the service's backend did.
+        A service slower than engine-direct in decode alone, with its backend's span equal to the client's, is
+        slower inside the engine or its front end's intake, not in gRPC."""
+        spans = [r.engine_decode if backend else r.decode for r in self.requests if r.success]
+        return 1000 * percentile(spans, quantile)
 
     def ttft_outside_backend_ms(self, quantile: float) -> float:
         """Per request, the client's TTFT less the service backend's own (from the request passing validation to
@@ -101,6 +110,7 @@ async def engine_request(engine, prompt: list[int], max_tokens: int, request_id:
                     result.itl.append(now - last)
                 result.output_tokens += count
                 last = now
+        result.decode = sum(result.itl)
         result.success = True
     except Exception as error:  # noqa: BLE001 - a failed request is a result
         result.error = repr(error)
@@ -128,6 +138,8 @@ async def service_request(stub, prompt: list[int], max_tokens: int, request_id: 
                 last = now
             if response.HasField("completion"):
                 result.engine_ttft = response.completion.timings.time_to_first_token_s
+                result.engine_decode = response.completion.timings.decode_s
+        result.decode = sum(result.itl)
         result.success = True
     except grpc.RpcError as error:
         result.error = f"{error.code().name}: {error.details()}"
@@ -403,10 +415,13 @@ async def benchmark(args) -> None:
                                     paths[path], path, prompts, args.max_tokens, concurrency, service.proc.pid
                                 )
                             rounds.setdefault((path, concurrency), []).append(level)
+                            backend = level.decode_ms(0.5, backend=True) if path == "grpc-service" else None
                             print(
                                 f"  concurrency {concurrency:>2} round {round_index + 1} {path:<14} "
                                 f"{level.tokens_per_s:7.1f} tokens/s, TTFT p50 {level.ttft_ms(0.5):6.1f} ms, "
-                                f"client {level.client_cpu_s / level.wall_s:.2f} CPU-s/s, "
+                                f"decode p50 {level.decode_ms(0.5):6.1f} ms"
+                                + (f" ({backend:.1f} in its backend)" if backend is not None else "")
+                                + f", client {level.client_cpu_s / level.wall_s:.2f} CPU-s/s, "
                                 f"load average {os.getloadavg()[0]:.1f}",
                                 flush=True,
                             )
