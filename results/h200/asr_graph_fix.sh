@@ -8,12 +8,12 @@
 set -u
 OUT=${OUT:-/tmp/h200-out}
 mkdir -p "$OUT" /tmp/bisect
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/site:$PWD
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/svc:$PWD
 started=$(date +%s)
 stamp() { echo "== $1 at $(($(date +%s) - started)) s" | tee -a "$OUT/env.txt"; }
 quiet() { grep --line-buffered -v "^\[NeMo\|^ *Loss\|^ *Cuda\|^ *Reason\|OneLogger\|exporters\|telemetry"; }
-if [ ! -d /tmp/site/nemo ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "${WHL:-.whl}"/*.whl \
+if [ ! -d /tmp/svc/nemo ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/svc "${WHL:-.whl}"/*.whl \
         2>&1 | tail -3
 fi
 mkdir -p .venv/asr/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >.venv/asr/bin/python

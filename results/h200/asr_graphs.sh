@@ -13,21 +13,24 @@
 #   bench-eager  the service with --cuda-graphs false, the same search
 #   compare  results/h200/asr_compare.py: this tree against the base tree $BASE (default .base), paced real-time
 #            streams (issue 17's capacity: per-chunk latency p95 < the chunk), 8 client processes, interleaved
+#            (both services up at once: with graphs to 3,328 rows each took 64-74 GiB, which two do not fit on an
+#            H200, session 21; LIMIT=2816 there)
 #   profile  results/h200/asr_profile.py: the steady step at $BATCHES rows, as served and profiled by phase x class
 #   split  results/h200/asr_cpu_split.py --paced at $STREAMS, 8 client processes, py-spy of every service process
 #          (folded stacks, tarred into $OUT/asr_spy$TAG.tgz: a call brings back at most 8 files)
 # SERVICE_ARGS adds service flags (e.g. "--step-policy clocked --frontends 4"). Every stage has its own time limit;
-# outputs go to $OUT (a stage's file name ends in $TAG when set).
+# outputs go to $OUT (a stage's file name ends in $TAG when set). The wheels go to /tmp/svc, not vLLM's /tmp/site: NeMo
+# registers a vLLM plugin, and with it beside vLLM the LLM's engine core could not start CUDA (session 21).
 set -u
 OUT=${OUT:-/tmp/h200-out}
 mkdir -p "$OUT"
 CHUNKS=${CHUNKS:-320}
 SEARCH=${SEARCH:---runs 1 --trials 1 --precision 0.1 --clients 4 --threads 8}
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH
-if [ ! -d /tmp/site/nemo ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ${WHL:-.whl}/*.whl || exit 1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/svc PATH=/tmp/svc/bin:$PATH
+if [ ! -d /tmp/svc/nemo ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/svc ${WHL:-.whl}/*.whl || exit 1
 fi
-python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site wheels/test/*.whl
+python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/svc wheels/test/*.whl
 mkdir -p .venv/asr/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >.venv/asr/bin/python
 chmod +x .venv/asr/bin/python
 { date -u; nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader; nproc; git log -1 --format=%H 2>/dev/null; } \

@@ -66,7 +66,7 @@ bench() { # $1 preset, $2 time limit (s), $3... concurrency levels
 run() {
     [ -f "$SITE/.vllm026-complete" ] || { echo "$SITE is not complete: run the unpack calls first (back to back)"; return 1; }
     export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
-        TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
+        TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_PLUGINS=
     # FlashInfer is not shipped; vLLM's GPU sampler imports it unless told not to (PyTorch top-k/top-p instead).
     patch_service || return 1
     # The benchmark starts the service with .venv/llm/bin/python: here that is the image's python (a wrapper, not a

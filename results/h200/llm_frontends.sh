@@ -29,8 +29,9 @@ setup() {
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/serve-site \
             "$SERVE_WHEELS"/*.whl && touch /tmp/serve-site/.complete
     fi
+    # VLLM_PLUGINS empty: no plugin of another engine's wheels (NeMo registers one) is imported into vLLM (§4f)
     export PYTHONPATH=$SITE:/tmp/serve-site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
-        TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
+        TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_PLUGINS=
     # The benchmark starts the service with .venv/llm/bin/python: the image's python, as in llm.sh.
     mkdir -p .venv/llm/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >.venv/llm/bin/python
     chmod +x .venv/llm/bin/python

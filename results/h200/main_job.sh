@@ -35,9 +35,11 @@ install() { # $1 wheel folder, $2 target: once per warm machine
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" "$1"/*.whl \
         && touch "$2/.complete"
 }
-# vLLM's GPU sampler imports FlashInfer (not shipped) unless told not to; nothing is fetched from a hub.
+# vLLM's GPU sampler imports FlashInfer (not shipped) unless told not to; nothing is fetched from a hub. No vLLM plugins:
+# NeMo (in /tmp/svc) registers one, and its import in vLLM's engine core left CUDA unable to start there (session 21,
+# results/h200/README.md §4f).
 export PYTHONPATH=/tmp/site:/tmp/lg:/tmp/svc:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
-    TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 TQDM_DISABLE=1
+    TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_PLUGINS= TQDM_DISABLE=1
 
 stage() { # $1 = llm | asr | tts | voice | peer; its outputs are named $1$TAG
     local name=$1${TAG:-}

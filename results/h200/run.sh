@@ -24,9 +24,9 @@ ASR_SEARCH=${ASR_SEARCH:---runs 1 --trials 1 --precision 0.1}
 TTS_EAGER_WORKERS=${TTS_EAGER_WORKERS:-1,2,4,8}
 TTS_COMPILED_WORKERS=${TTS_COMPILED_WORKERS:-1,2,4}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/svc .whl/*.whl \
     || exit 1
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/svc
 # The benchmarks start services with .venv/<name>/bin/python; here every service runs in the image's python.
 # A wrapper, not a symlink: a symlinked interpreter would not find the image's own venv (pyvenv.cfg) beside it.
 for venv in asr tts; do

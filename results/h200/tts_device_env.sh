@@ -1,11 +1,11 @@
 # Sourced by the TTS stages on the lent H200 (tts_batched.sh, tts_profile.sh): the carried wheels installed into
-# /tmp/site (WHL, default .whl: voxcpm and its needs, grpcio 1.85), the environment the TTS code runs in, the
+# /tmp/svc (WHL, default .whl: voxcpm and its needs, grpcio 1.85), the environment the TTS code runs in, the
 # image's python as .venv/tts's, and what the machine and its packages are ($OUT/env.txt).
 OUT=${OUT:-/tmp/h200-out}
 mkdir -p "$OUT"
 WHL=${WHL:-.whl}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHL"/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/svc "$WHL"/*.whl || exit 1
+export PYTHONPATH=/tmp/svc:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
 mkdir -p .venv/tts/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >.venv/tts/bin/python
 chmod +x .venv/tts/bin/python
 {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import io
 import os
 import re
 import threading
@@ -92,11 +93,26 @@ class GroupResult:
 def record_encoder_output(
     record_dir: Path, name: str, kind: str, encoded: list[np.ndarray], token_ids: list[int], width: int
 ) -> None:
-    """Debug: keep a stream's encoder output ([frames, width]) so tests can compare streaming with offline exactly."""
+    """Debug: keep a stream's encoder output ([frames, width]) so tests can compare streaming with offline exactly.
+
+    The archive is made in memory and parsed back before it is written, and the file is read back after: two GPU
+    runs found an eager service's archive with null bytes in its header (session 21: the header's padding, 36
+    bytes), which no CPU run has shown. Whichever check fails says where the bytes went wrong."""
     frames = np.concatenate(encoded) if encoded else np.zeros((0, width), np.float32)
+    buffer = io.BytesIO()
+    np.savez(buffer, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64))
+    data = buffer.getvalue()
+    with np.load(io.BytesIO(data)) as archive:  # raises if the archive is already wrong in memory
+        archive["encoded"], archive["token_ids"]
     record_dir.mkdir(parents=True, exist_ok=True)
     path = record_dir / f"{_SAFE_ID.sub('_', name)}.{kind}.npz"
     partial = path.with_suffix(".partial")  # written whole, then renamed: a reader never sees half a file
     with open(partial, "wb") as file:
-        np.savez(file, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64))
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    written = partial.read_bytes()
+    if written != data:
+        wrong = [i for i, (a, b) in enumerate(zip(written, data, strict=False)) if a != b]
+        raise OSError(f"{partial}: {len(written)} bytes on disk differ from the {len(data)} written at {wrong[:40]}")
     os.replace(partial, path)
