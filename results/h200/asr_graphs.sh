@@ -14,7 +14,8 @@
 #   compare  results/h200/asr_compare.py: this tree against the base tree $BASE (default .base), paced real-time
 #            streams (issue 17's capacity: per-chunk latency p95 < the chunk), 8 client processes, interleaved
 #            (both services up at once: with graphs to 3,328 rows each took 64-74 GiB, which two do not fit on an
-#            H200, session 21; LIMIT=2816 there)
+#            H200, session 21; LIMIT=2816 there, or one tree at a time on one machine: BUILDS=base TAG=_base, then
+#            BUILDS=here TAG=_here, each search alone, minutes apart)
 #   profile  results/h200/asr_profile.py: the steady step at $BATCHES rows, as served and profiled by phase x class
 #   split  results/h200/asr_cpu_split.py --paced at $STREAMS, 8 client processes, py-spy of every service process
 #          (folded stacks, tarred into $OUT/asr_spy$TAG.tgz: a call brings back at most 8 files)
