@@ -37,7 +37,6 @@ class RequestResult:
 
     ttft: float = 0.0
     engine_ttft: float = 0.0  # the service's own TTFT for this request (its completion timings); 0 engine-direct
-    decode: float = 0.0  # first token to last, as the client saw them
     engine_decode: float = 0.0  # the same span as the service's backend saw it (completion timings); 0 engine-direct
     itl: list[float] = dataclasses.field(default_factory=list)
     latency: float = 0.0
@@ -73,7 +72,7 @@ class LevelResult:
         """Per request, first token to last: as the client saw it, or (`backend`) as the service's backend did.
         A service slower than engine-direct in decode alone, with its backend's span equal to the client's, is
         slower inside the engine or its front end's intake, not in gRPC."""
-        spans = [r.engine_decode if backend else r.decode for r in self.requests if r.success]
+        spans = [r.engine_decode if backend else sum(r.itl) for r in self.requests if r.success]
         return 1000 * percentile(spans, quantile)
 
     def ttft_outside_backend_ms(self, quantile: float) -> float:
@@ -110,7 +109,6 @@ async def engine_request(engine, prompt: list[int], max_tokens: int, request_id:
                     result.itl.append(now - last)
                 result.output_tokens += count
                 last = now
-        result.decode = sum(result.itl)
         result.success = True
     except Exception as error:  # noqa: BLE001 - a failed request is a result
         result.error = repr(error)
@@ -139,7 +137,6 @@ async def service_request(stub, prompt: list[int], max_tokens: int, request_id: 
             if response.HasField("completion"):
                 result.engine_ttft = response.completion.timings.time_to_first_token_s
                 result.engine_decode = response.completion.timings.decode_s
-        result.decode = sum(result.itl)
         result.success = True
     except grpc.RpcError as error:
         result.error = f"{error.code().name}: {error.details()}"

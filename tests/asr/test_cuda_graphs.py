@@ -125,8 +125,8 @@ def test_graphs_equal_eager(services, chunk_ms):
 
 def test_graphs_after_a_long_recognize_still_equal_eager(services):
     """A Recognize longer than --offline-pass-s is stepped in the offline lane (slot max_streams, next to the
-    scratch slot of padding rows) between live steps; streams stepped on graphs afterwards still give the
-    eager transcripts, and so does the clip."""
+    scratch slot of padding rows) between live steps; the clip, and streams stepped on graphs afterwards, still
+    give the transcripts and tokens of the same padded steps run eagerly."""
     record_dir, running = services
     audio = clip(6.0, seed=90)
     texts = {}
