@@ -20,7 +20,9 @@ the services, sustained audio-seconds per second: the audio whose chunks arrived
 middle of its requests (from the last client's first audio to the first client's last chunk), over that
 window, which leaves out the level's start (every client joining at once) and its tail (clients finishing).
 For the batched service, its own counters over the level: steps, requests per step, step time, model
-FLOPs and bytes per step and per second — what bounds the step.
+FLOPs and bytes per step and per second — what bounds the step — and "1st at": the mean number of steps from a
+segment's text reaching the engine to its first patch, its own step included (1: it joined at the next boundary; 2:
+it also waited for the step in flight; more: it waited for a slot or a prefill pass), so first audio reads as steps.
 """
 
 from __future__ import annotations
@@ -321,6 +323,7 @@ def counters(url: str) -> dict[str, float]:
         "voiceagent_tts_step_requests_sum", "voiceagent_tts_step_requests_count",
         "voiceagent_tts_step_seconds_sum", "voiceagent_tts_prefill_seconds_sum",
         "voiceagent_tts_hidden_prefill_seconds_sum",
+        "voiceagent_tts_first_patch_steps_sum", "voiceagent_tts_first_patch_steps_count",
         "voiceagent_tts_model_flops_total", "voiceagent_tts_model_read_bytes_total",
     )  # fmt: skip
     return {s.name: s.value for s in scrape_samples(url) if s.name in wanted}
@@ -331,10 +334,12 @@ def step_counters(before: dict[str, float], after: dict[str, float], concurrency
     steps = grew["voiceagent_tts_step_requests_count"] or 1
     step_s = grew["voiceagent_tts_step_seconds_sum"]
     flops, read = grew["voiceagent_tts_model_flops_total"], grew["voiceagent_tts_model_read_bytes_total"]
+    firsts = grew["voiceagent_tts_first_patch_steps_count"] or 1
     return (
-        f"{concurrency:>5} {steps:>6.0f}{grew['voiceagent_tts_step_requests_sum'] / steps:>8.1f}"
-        f"{1000 * step_s / steps:>9.1f}{1000 * grew['voiceagent_tts_prefill_seconds_sum'] / steps:>10.2f}"
-        f"{1000 * grew['voiceagent_tts_hidden_prefill_seconds_sum'] / steps:>9.2f}"
+        f"{concurrency:>5} {steps:>6.0f}{grew['voiceagent_tts_step_requests_sum'] / steps:>9.1f}"
+        f"{1000 * step_s / steps:>9.1f}{1000 * grew['voiceagent_tts_prefill_seconds_sum'] / steps:>11.2f}"
+        f"{1000 * grew['voiceagent_tts_hidden_prefill_seconds_sum'] / steps:>10.2f}"
+        f"{grew['voiceagent_tts_first_patch_steps_sum'] / firsts:>8.2f}"
         f"{flops / steps / 1e9:>11.3f}{read / steps / 1e6:>10.1f}"
         f"{flops / max(step_s, 1e-9) / 1e9:>11.2f}{read / max(step_s, 1e-9) / 1e9:>10.2f}"
     )
@@ -473,7 +478,7 @@ def main() -> None:
         print("\n".join(rows[concurrency]))
     print("\nbatched service, its own counters per level (model-derived FLOPs and bytes, see PatchWork.per_step)")
     print(
-        f"{'C':>5} {'steps':>6}{'req/step':>8}{'step ms':>9}{'prefill ms':>10}{'hidden ms':>9}"
+        f"{'C':>5} {'steps':>6}{'req/step':>9}{'step ms':>9}{'prefill ms':>11}{'hidden ms':>10}{'1st at':>8}"
         f"{'GFLOP/step':>11}{'MB/step':>10}{'GFLOP/s':>11}{'GB/s':>10}"
     )
     print("\n".join(steps))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.tts.benchmark import client_check, service_level, sustained_rate
+from services.tts.benchmark import client_check, counters, service_level, step_counters, sustained_rate
 from tests.harness import running_service, venv_python
 
 
@@ -19,7 +19,9 @@ def test_only_chunks_inside_the_window_count():
 def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     args = ["--preset", "tiny", "--backend", "batched", "--max-batch", "4"]
     with running_service("services.tts", venv_python("tts"), args) as service:
+        before = counters(service.metrics_url)
         level = service_level(service.address, 3, 3)
+        steps = step_counters(before, counters(service.metrics_url), 3).split()
         spread = service_level(service.address, 4, 2, ramp_s=0.4, processes=2)
     start, end = level.window
     arrivals = [at for at, _ in level.chunks]
@@ -31,6 +33,8 @@ def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     assert 0 < inside < sum(run[2] for run in level.runs)  # the start and the tail are left out
     assert sustained_rate(level.chunks, start, end) == pytest.approx(inside / (end - start))
     assert level.row("batched service", 3).split()[-1] != "-"
+    # the service's own counters over the level: 9 segments, each first heard at its own step or later
+    assert int(steps[0]) == 3 and int(steps[1]) >= 9 and 1.0 <= float(steps[6]) <= float(steps[1])
     # clients in two processes, ramped: every client's requests come back, the steady-state percentiles count the
     # requests started after the ramp (each client's second), the aggregate counts all of them
     assert len(spread.chunks) > 0 and len(spread.runs) >= 4
