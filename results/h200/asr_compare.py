@@ -60,8 +60,9 @@ def main() -> None:
     flags += ["--graph-chunks", ",".join(map(str, chunks)), "--probe-ceilings", "false"]
     flags += shlex.split(args.service_args)
     started = time.perf_counter()
-    builds = {"base": base_python(Path(args.base)), "here": venv_python("asr")}
-    builds = {name: builds[name] for name in args.builds.split(",")}  # one alone: two services may not fit a GPU
+    # one alone: two services may not fit a GPU; the base tree is needed (and written to) only when it runs
+    pythons = {"base": lambda: base_python(Path(args.base)), "here": lambda: venv_python("asr")}
+    builds = {name: pythons[name]() for name in args.builds.split(",")}
     services = {}
     clients = None
     try:
