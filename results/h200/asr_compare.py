@@ -61,8 +61,9 @@ def main() -> None:
     flags += shlex.split(args.service_args)
     started = time.perf_counter()
     # one alone: two services may not fit a GPU; the base tree is needed (and written to) only when it runs
-    pythons = {"base": lambda: base_python(Path(args.base)), "here": lambda: venv_python("asr")}
-    builds = {name: pythons[name]() for name in args.builds.split(",")}
+    builds = {
+        name: base_python(Path(args.base)) if name == "base" else venv_python("asr") for name in args.builds.split(",")
+    }
     services = {}
     clients = None
     try:

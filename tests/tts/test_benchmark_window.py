@@ -21,7 +21,8 @@ def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     with running_service("services.tts", venv_python("tts"), args) as service:
         before = counters(service.metrics_url)
         level = service_level(service.address, 3, 3)
-        steps = step_counters(before, counters(service.metrics_url), 3).split()
+        after = counters(service.metrics_url)
+        steps = step_counters(before, after, 3).split()
         spread = service_level(service.address, 4, 2, ramp_s=0.4, processes=2)
     start, end = level.window
     arrivals = [at for at, _ in level.chunks]
@@ -35,6 +36,8 @@ def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     assert level.row("batched service", 3).split()[-1] != "-"
     # the service's own counters over the level: 9 segments, each first heard at its own step or later
     assert int(steps[0]) == 3 and int(steps[1]) >= 9 and 1.0 <= float(steps[6]) <= float(steps[1])
+    firsts = "voiceagent_tts_first_patch_steps_count"
+    assert after[firsts] - before[firsts] == 9
     # clients in two processes, ramped: every client's requests come back, the steady-state percentiles count the
     # requests started after the ramp (each client's second), the aggregate counts all of them
     assert len(spread.chunks) > 0 and len(spread.runs) >= 4
