@@ -63,3 +63,17 @@ def test_the_decoder_gets_contiguous_states_from_consecutive_slots(tmp_path):
         decoder.reset([2, 3, 4])
         decoder.decode(torch.randn(3, model.encoder.d_model, 4), torch.full((3,), 4), [2, 3, 4])
     assert seen and all(seen), f"predictor states handed to the decoder, contiguous: {seen}"
+
+
+def test_the_decoder_never_runs_nemos_cuda_graphs():
+    """Every service decodes on plain kernels, with or without CUDA graphs of its own: NeMo's graphs of this loop
+    recompile while serving, crashed captures beside ours, and only services that kept them ever recorded corrupted
+    host memory on a GPU (results/h200/README.md v9-v11). NeMo turns them back on when the model is put in eval mode
+    (`maybe_enable_cuda_graphs`); that must not."""
+    model, _ = fc.build_model(AsrConfig(preset="tiny").preset_file, seed=3)
+    computer = model.decoding.decoding.decoding_computer
+    assert computer.cuda_graphs_mode is not None, "NeMo builds the computer with its graphs on"
+    GreedyDecoder(model, slots=2, device="cpu")
+    assert computer.cuda_graphs_mode is None
+    computer.maybe_enable_cuda_graphs()
+    assert computer.cuda_graphs_mode is None

@@ -57,8 +57,6 @@ class CacheAwareBackend(BatchingBackend):
         self.cuda_graphs = cuda_graphs
         self.graph_first_steps = graph_first_steps
         self.features_in_step = features_in_step  # padded steps compute their streams' mel frames themselves
-        if cuda_graphs:
-            self.decoder.without_nemo_graphs()
         self.graph_chunks = tuple(graph_chunks) or self.chunk_ms_choices
         self.padded: dict[tuple[int, int], PaddedStep] = {}  # (chunk_ms, pre-encode history) -> its padded step
         self.capture_s = 0.0

@@ -37,18 +37,24 @@ class GreedyDecoder:
         self.outputs = start.predictor_outputs.repeat(slots, *[1] * (start.predictor_outputs.dim() - 1))
         self.labels = start.labels.repeat(slots)
         self.lengths = start.decoded_lengths.repeat(slots)
+        self._without_nemo_graphs()
 
-    def without_nemo_graphs(self) -> None:
-        """Decode with plain kernels, not NeMo's own CUDA graphs of this loop: for a service that captures its own.
+    def _without_nemo_graphs(self) -> None:
+        """Decode with plain kernels, never NeMo's own CUDA graphs of this loop (every service, with or without
+        graphs of its own).
 
-        There the steady and first steps decode inside the service's graphs (engine/step_graphs.py), and what
+        With the service's graphs, the steady and first steps decode inside them (engine/step_graphs.py), and what
         comes here is the eager steps (a short last chunk, 80 ms's second step, the offline lane), in groups of any
         size. NeMo recaptures its graphs, compiling their loop kernels with NVRTC on the step thread, for each batch
         larger than any before: in the middle of serving, as load grows (py-spy at 80 ms on an H100,
         results/h200/README.md v7). Capturing them once at start-up at the largest batch instead made every 80 ms
         step fail with an illegal memory access, most likely because the cuBLAS workspace their capture embedded
         was released by the service's own captures; NeMo's graphs captured and destroyed beside ours are also what
-        crashed the main job (README, "The graph crash"). Plain kernels have neither problem."""
+        crashed the main job (README, "The graph crash"), and NeMo's own loop with them crashed once the benchmark
+        emptied the allocator's cache (v9). Without graphs of its own (`--cuda-graphs false`) a service kept NeMo's
+        graphs until session 23, and only those services, on a GPU, ever recorded a corrupted archive (null bytes in
+        host memory: results/h200/README.md v9-v11); they decode on plain kernels too now. Plain kernels cost
+        launches, but they neither recompile while serving nor hold memory another capture may free."""
         self.computer.allow_cuda_graphs = False  # NeMo's maybe_enable_cuda_graphs (on eval) must not turn them on
         self.computer.disable_cuda_graphs()
 
