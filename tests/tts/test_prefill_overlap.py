@@ -12,7 +12,17 @@ import threading
 
 import torch
 
-from services.tts.backends.batched_engine import EngineSpec, Join, Patch, Patches, Speak, Stepped, _Scheduler
+from services.tts.backends.batched_engine import (
+    EngineSpec,
+    Join,
+    Leave,
+    Patch,
+    Patches,
+    SegmentDone,
+    Speak,
+    Stepped,
+    _Scheduler,
+)
 from services.tts.backends.voxcpm import WorkerSpec
 from services.tts.config import TtsConfig
 
@@ -194,6 +204,45 @@ async def test_with_a_prefill_stream_a_pass_runs_beside_the_step_and_its_request
     finally:
         loop.cancel()
         gate.set()
+        for launched in model.launched:
+            launched.finish.set()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+async def test_a_slot_given_up_during_a_step_takes_a_waiting_join_into_the_next_launch():
+    """Every slot is held (max_batch 4): one by a request done with its segment whose end the gRPC process has not
+    reported yet. Its Leave comes while a step is on the device: the slot is freed at once, the waiting segment is
+    prefilled into it beside that step and joins the next launch (freed at the boundary, the join waited a step more).
+    A request still in the step keeps its slot until the boundary."""
+    model, outbox = _RecordingModel(on_device=True), _Outbox()
+    model.prefill_stream = object()  # prefills run beside the steps (CUDA)
+    model.patch_limit = lambda tokens, cap: 1 if tokens == 1 else 50  # a one-word text is one patch long
+    scheduler = _Scheduler(model, _Work(), outbox, _spec())
+    loop = asyncio.create_task(scheduler.run())
+    try:
+        scheduler.dispatch(Join(1, seed=1, timesteps=10, cfg_value=2.0))
+        scheduler.dispatch(Speak(1, 0, "short"))
+        await _until(lambda: len(model.launched) == 1)
+        for request_id in (2, 3, 4):
+            _join(scheduler, request_id)
+        await _until(lambda: sum(len(c[1]) for c in model.calls if c[0] == "prefill") == 4)
+        await _until(lambda: scheduler.prefilling is None)
+        await _next_step(model)  # request 1 spoke its one patch; the others are in the step now on the device
+        assert model.calls[-1] == ("launch", [1, 2, 3])
+        assert any(isinstance(m, SegmentDone) and m.request_id == 1 for m in outbox.messages)
+        _join(scheduler, 5)  # no free slot: it waits
+        await asyncio.sleep(0.05)
+        assert model.calls[-1] == ("launch", [1, 2, 3])
+        scheduler.dispatch(Leave(2))  # in the step on the device: its slot stays held until the boundary
+        scheduler.dispatch(Leave(1))  # done with its segment: its slot is free now
+        await _until(lambda: model.calls[-1] == ("prefill", [0]))  # beside the step still on the device
+        assert len(model.launched) == 2 and not model.launched[-1].ready()
+        await _until(lambda: scheduler.prefilling is None)
+        await _next_step(model)
+        assert model.calls[-1] == ("launch", [2, 3, 0])  # request 5 joined; request 2 left at the boundary
+        assert 1 not in scheduler.requests and 2 not in scheduler.requests
+    finally:
+        loop.cancel()
         for launched in model.launched:
             launched.finish.set()
         await asyncio.gather(loop, return_exceptions=True)

@@ -166,6 +166,7 @@ class _Request:
     context: int = 0  # tokens the LMs have cached for this segment
     queued_at_step: int = 0  # the engine's step count when the segment's text was ready to prefill
     left: bool = False
+    prefilling: bool = False  # in a prefill pass now (beside a step: neither waiting nor running meanwhile)
 
 
 class _Scheduler:
@@ -201,9 +202,15 @@ class _Scheduler:
         request.queued_at_step = self.steps
         self.waiting.append(request)
 
-    def _reap(self) -> None:
-        """Free the slots of requests that left; called between steps only (a step may be writing them)."""
+    def _reap(self, stepping: bool = False) -> None:
+        """Free the slots of requests that left. Between steps, every one; while a step is on the device
+        (`stepping`), those neither it nor a prefill pass writes: requests between segments or done with their last.
+        Such a slot is given up as soon as the gRPC process says the request is over, so a waiting segment can be
+        prefilled into it beside the step and join the next launch; freed at the boundary instead, a join into a full
+        batch waited one step more (results/h200/README.md §3h)."""
         for request in [r for r in self.requests.values() if r.left]:
+            if stepping and (request.prefilling or request in self.running):
+                continue
             del self.requests[request.join.request_id]
             if request.slot is not None:
                 heapq.heappush(self.free_slots, request.slot)
@@ -275,6 +282,8 @@ class _Scheduler:
         if not admitted:
             return
         slots, tokens = [r.slot for r, _ in admitted], [t for _, t in admitted]
+        for request, _ in admitted:
+            request.prefilling = True
         try:
             await asyncio.to_thread(self.engine.prefill, slots, tokens)
         except Exception as exc:  # these requests fail (their slots are freed at the next boundary); the rest go on
@@ -284,6 +293,9 @@ class _Scheduler:
                 request.left = True
             end_process_after(exc, log)  # a CUDA fault: every later step would fail too
             return
+        finally:
+            for request, _ in admitted:
+                request.prefilling = False
         self.running += [request for request, _ in admitted if not request.left]  # one that left is reaped
 
     def _start_pass(self) -> None:
@@ -317,6 +329,7 @@ class _Scheduler:
         done = asyncio.ensure_future(asyncio.to_thread(pending.wait))
         try:
             while not done.done():
+                self._reap(stepping=True)
                 self._start_pass()
                 self.wake.clear()  # no await since the checks above: no message can have slipped in between
                 woken = asyncio.ensure_future(self.wake.wait())
