@@ -34,7 +34,7 @@ fi
 python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/svc wheels/test/*.whl
 mkdir -p .venv/asr/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" >.venv/asr/bin/python
 chmod +x .venv/asr/bin/python
-{ date -u; nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader; nproc; git log -1 --format=%H 2>/dev/null; } \
+{ date -u; nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader; nproc; grep -m1 "model name" /proc/cpuinfo; git log -1 --format=%H 2>/dev/null; } \
     >>"$OUT/env.txt" 2>&1
 
 # The services' logs are kept (launcher: VOICEAGENT_KEEP_LOGS) and each stage's are tarred into $OUT: session 17's

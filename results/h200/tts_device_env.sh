@@ -10,6 +10,6 @@ mkdir -p .venv/tts/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v pytho
 chmod +x .venv/tts/bin/python
 {
     date -u; timeout -k 5 30 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
-    python3 -c 'import torch, grpc, voxcpm; print("torch", torch.__version__, "grpcio", grpc.__version__)'; nproc
+    python3 -c 'import torch, grpc, voxcpm; print("torch", torch.__version__, "grpcio", grpc.__version__)'; nproc; grep -m1 "model name" /proc/cpuinfo
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
