@@ -436,6 +436,57 @@ def asr_session19_figures() -> dict:
     }
 
 
+def asr_session23_figures() -> dict:
+    """Issue 17, session 23, on an H100 (tree 46684ef, base eb4581a = v8's code, one machine): paced searches at 320
+    and 80 ms of both (`--fused-encoder true --frontends 4`), and NeMo's own loop (per-stream RTF < 1) at both."""
+    folder = RAW / "asr_session23"
+    codes = {"here": "46684ef", "base": "eb4581a"}
+    searches = {}
+    for path in sorted(folder.glob("call*_asr_compare_*.txt")):
+        search = paced_search(path, "")
+        search["code"] = codes[search["build"]]
+        searches[path.stem] = search
+    nemo = []
+    for name, chunk in (("call6_asr_graphs_bench_320_nemo320.txt", 320), ("call7_asr_graphs_bench_80_nemo80.txt", 80)):
+        nemo += bench_searches(folder / name, codes["here"], chunk)
+    return {"device": "H100 80GB HBM3", "paced_searches": searches, "nemo_loop": nemo}
+
+
+TTS_COUNTERS_FIRST_AT = re.compile(  # the counters with the "1st at" column (16e14c1 on)
+    r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$",
+    re.M,
+)
+TTS_COUNTERS_BEFORE = re.compile(  # the same without "1st at" (the base tree; its header columns ran together)
+    r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", re.M
+)
+
+
+def tts_session23_figures() -> dict:
+    """Issue 16, session 23, on an H100: the batched service at C = 256 and 320 (ramped clients), this tree (46684ef,
+    twice) and 5485570 (before the prefill stopped encoding the prefix's zero patches) interleaved on one machine,
+    with the engine's own counters ("1st at": steps from a segment's text reaching the engine to its first patch)."""
+    folder = RAW / "tts_session23"
+    runs = {"call4_tts_batched_here.txt": "46684ef", "call8_tts_batched_base.txt": "5485570",
+            "call9_tts_batched_here2.txt": "46684ef"}  # fmt: skip
+    levels = []
+    for name, code in runs.items():
+        text = (folder / name).read_text()
+        table = text[text.rfind("fa = first audio") :]
+        counters = table[table.find("its own counters") :]
+        steps = {int(r[0]): r for r in TTS_COUNTERS_FIRST_AT.findall(counters)}
+        steps = steps or {int(r[0]): (*r, None) for r in TTS_COUNTERS_BEFORE.findall(counters)}
+        for c, _, fa50, fa95, rtf50, rtf95, audio, sustained in TTS_BATCHED_ROW.findall(table):
+            _, count, per_step, step_ms, _, hidden, first_at = steps[int(c)]
+            levels.append({"concurrency": int(c), "code": code, "first_audio_ms_p50": float(fa50),
+                           "first_audio_ms_p95": float(fa95), "rtf_p50": float(rtf50), "rtf_p95": float(rtf95),
+                           "audio_s_per_s": float(audio), "sustained_audio_s_per_s": float(sustained),
+                           "steps": int(count), "requests_per_step": float(per_step), "step_ms": float(step_ms),
+                           "hidden_prefill_ms_per_step": float(hidden),
+                           "first_patch_at_step": float(first_at) if first_at else None,
+                           "source": (folder / name).relative_to(RAW).as_posix()})  # fmt: skip
+    return {"device": "H100 80GB HBM3", "preset": "voxcpm2", "levels": levels}
+
+
 ASR_STEP = re.compile(
     r"^bucket\s+(\d+) rows\s+(\d+): max \|graph - eager\| encoder (\S+), state (\S+), tokens equal (\w+)"
     r".*?(?:; step ([\d.]+) ms graph vs ([\d.]+) ms eager)?$",
@@ -848,11 +899,13 @@ def main() -> None:
         "asr_session17": asr_session17_figures(),
         "asr_session18": asr_session18_figures(),
         "asr_session19": asr_session19_figures(),
+        "asr_session23": asr_session23_figures(),
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "tts_profile": tts_profile_figures(),
         "tts_fused": tts_fused_figures(),
         "tts_joins": tts_join_figures(),
+        "tts_session23": tts_session23_figures(),
         "llm": llm_figures(),
         "llm_frontends": llm_frontends_figures(),
         "main_job": main_job_figures(),
