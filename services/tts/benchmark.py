@@ -22,7 +22,10 @@ window, which leaves out the level's start (every client joining at once) and it
 For the batched service, its own counters over the level: steps, requests per step, step time, model
 FLOPs and bytes per step and per second — what bounds the step — and "1st at": the mean number of steps from a
 segment's text reaching the engine to its first patch, its own step included (1: it joined at the next boundary; 2:
-it also waited for the step in flight; more: it waited for a slot or a prefill pass), so first audio reads as steps.
+it also waited for the step in flight; more: it waited for a slot or a prefill pass), so first audio reads as steps;
+"slot ms", the mean wait for a batch slot in the gRPC process, and "svc fa", the service's own mean first audio (from
+a request's first text to its first audio leaving the service): client fa - svc fa is the way to and from the
+client, svc fa - slot ms - 1st at x step roughly the engine's channel both ways.
 """
 
 from __future__ import annotations
@@ -325,8 +328,14 @@ def counters(url: str) -> dict[str, float]:
         "voiceagent_tts_hidden_prefill_seconds_sum",
         "voiceagent_tts_first_patch_steps_sum", "voiceagent_tts_first_patch_steps_count",
         "voiceagent_tts_model_flops_total", "voiceagent_tts_model_read_bytes_total",
+        "voiceagent_tts_queue_seconds_sum", "voiceagent_tts_queue_seconds_count",
+        "voiceagent_tts_time_to_first_audio_seconds_sum", "voiceagent_tts_time_to_first_audio_seconds_count",
     )  # fmt: skip
-    return {s.name: s.value for s in scrape_samples(url) if s.name in wanted}
+    found = dict.fromkeys(wanted, 0.0)
+    for sample in scrape_samples(url):
+        if sample.name in wanted:
+            found[sample.name] += sample.value  # summed over labels (first audio is counted per RPC method)
+    return found
 
 
 def step_counters(before: dict[str, float], after: dict[str, float], concurrency: int) -> str:
@@ -335,11 +344,15 @@ def step_counters(before: dict[str, float], after: dict[str, float], concurrency
     step_s = grew["voiceagent_tts_step_seconds_sum"]
     flops, read = grew["voiceagent_tts_model_flops_total"], grew["voiceagent_tts_model_read_bytes_total"]
     firsts = grew["voiceagent_tts_first_patch_steps_count"] or 1
+    waits = grew["voiceagent_tts_queue_seconds_count"] or 1
+    heard = grew["voiceagent_tts_time_to_first_audio_seconds_count"] or 1
     return (
         f"{concurrency:>5} {steps:>6.0f}{grew['voiceagent_tts_step_requests_sum'] / steps:>9.1f}"
         f"{1000 * step_s / steps:>9.1f}{1000 * grew['voiceagent_tts_prefill_seconds_sum'] / steps:>11.2f}"
         f"{1000 * grew['voiceagent_tts_hidden_prefill_seconds_sum'] / steps:>10.2f}"
         f"{grew['voiceagent_tts_first_patch_steps_sum'] / firsts:>8.2f}"
+        f"{1000 * grew['voiceagent_tts_queue_seconds_sum'] / waits:>9.1f}"
+        f"{1000 * grew['voiceagent_tts_time_to_first_audio_seconds_sum'] / heard:>9.1f}"
         f"{flops / steps / 1e9:>11.3f}{read / steps / 1e6:>10.1f}"
         f"{flops / max(step_s, 1e-9) / 1e9:>11.2f}{read / max(step_s, 1e-9) / 1e9:>10.2f}"
     )
@@ -479,7 +492,7 @@ def main() -> None:
     print("\nbatched service, its own counters per level (model-derived FLOPs and bytes, see PatchWork.per_step)")
     print(
         f"{'C':>5} {'steps':>6}{'req/step':>9}{'step ms':>9}{'prefill ms':>11}{'hidden ms':>10}{'1st at':>8}"
-        f"{'GFLOP/step':>11}{'MB/step':>10}{'GFLOP/s':>11}{'GB/s':>10}"
+        f"{'slot ms':>9}{'svc fa':>9}{'GFLOP/step':>11}{'MB/step':>10}{'GFLOP/s':>11}{'GB/s':>10}"
     )
     print("\n".join(steps))
     print("\nclients' self-check per service level (batched, then pool)")

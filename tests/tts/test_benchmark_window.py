@@ -38,6 +38,12 @@ def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     assert int(steps[0]) == 3 and int(steps[1]) >= 9 and 1.0 <= float(steps[6]) <= float(steps[1])
     firsts = "voiceagent_tts_first_patch_steps_count"
     assert after[firsts] - before[firsts] == 9
+    # the service's own first audio (over both RPC methods' labels) and slot wait: 9 requests, 3 at a time on 4 slots
+    heard, waited = "voiceagent_tts_time_to_first_audio_seconds_count", "voiceagent_tts_queue_seconds_count"
+    assert after[heard] - before[heard] == 9 and after[waited] - before[waited] == 9
+    slot_ms, service_fa_ms = float(steps[7]), float(steps[8])
+    client_fa = sorted(run[0] for run in level.runs)
+    assert 0 <= slot_ms < service_fa_ms <= 1000 * client_fa[-1]
     # clients in two processes, ramped: every client's requests come back, the steady-state percentiles count the
     # requests started after the ramp (each client's second), the aggregate counts all of them
     assert len(spread.chunks) > 0 and len(spread.runs) >= 4
