@@ -456,9 +456,6 @@ TTS_COUNTERS_FIRST_AT = re.compile(  # the counters with the "1st at" column (16
     r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$",
     re.M,
 )
-TTS_COUNTERS_BEFORE = re.compile(  # the same without "1st at" (the base tree; its header columns ran together)
-    r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", re.M
-)
 
 
 def tts_session23_figures() -> dict:
@@ -474,7 +471,7 @@ def tts_session23_figures() -> dict:
         table = text[text.rfind("fa = first audio") :]
         counters = table[table.find("its own counters") :]
         steps = {int(r[0]): r for r in TTS_COUNTERS_FIRST_AT.findall(counters)}
-        steps = steps or {int(r[0]): (*r, None) for r in TTS_COUNTERS_BEFORE.findall(counters)}
+        steps = steps or {int(r[0]): (*r, None) for r in TTS_JOIN_STEPS.findall(counters)}  # before "1st at"
         for c, _, fa50, fa95, rtf50, rtf95, audio, sustained in TTS_BATCHED_ROW.findall(table):
             _, count, per_step, step_ms, _, hidden, first_at = steps[int(c)]
             levels.append({"concurrency": int(c), "code": code, "first_audio_ms_p50": float(fa50),

@@ -42,8 +42,7 @@ def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     heard, waited = "voiceagent_tts_time_to_first_audio_seconds_count", "voiceagent_tts_queue_seconds_count"
     assert after[heard] - before[heard] == 9 and after[waited] - before[waited] == 9
     slot_ms, service_fa_ms = float(steps[7]), float(steps[8])
-    client_fa = sorted(run[0] for run in level.runs)
-    assert 0 <= slot_ms < service_fa_ms <= 1000 * client_fa[-1]
+    assert 0 <= slot_ms < service_fa_ms <= 1000 * max(run[0] for run in level.runs)
     # clients in two processes, ramped: every client's requests come back, the steady-state percentiles count the
     # requests started after the ramp (each client's second), the aggregate counts all of them
     assert len(spread.chunks) > 0 and len(spread.runs) >= 4
