@@ -484,6 +484,63 @@ def tts_session23_figures() -> dict:
     return {"device": "H100 80GB HBM3", "preset": "voxcpm2", "levels": levels}
 
 
+ASR_TEST_PAIR = re.compile(
+    r"(?:^|\] )(\d+) ms, (\S+) vs (\S+): max \|encoder difference\| (\S+), transcripts equal (\w+)", re.M
+)
+
+
+def asr_session24_figures() -> dict:
+    """Issue 17, session 24, on an H100 (tree 2c8357e; base eb4581a = v8's code, one machine): the GPU tests' encoder
+    comparisons (the first run whose archives all parsed), paced searches at 320 and 80 ms and NeMo's own loop."""
+    folder = RAW / "asr_session24"
+    codes = {"here": "2c8357e", "base": "eb4581a"}
+    searches = {}
+    for name in ("call6_asr_compare_80_80.txt", "call9_asr_compare_320_320c.txt", "call12_asr_compare_320_base320.txt"):
+        search = paced_search(folder / name, "")
+        search["code"] = codes[search["build"]]
+        searches[Path(name).stem] = search
+    nemo = []
+    for name, chunk in (
+        ("call10_asr_graphs_bench_320_nemo320.txt", 320),
+        ("call11_asr_graphs_bench_80_nemo80.txt", 80),
+    ):
+        nemo += bench_searches(folder / name, codes["here"], chunk)
+    tests = folder / "call1_asr_cuda_graph_tests.txt"
+    found = ASR_TEST_PAIR.findall(tests.read_text())
+    pairs = [{"chunk_ms": int(c), "one": one, "other": other, "max_encoder_difference": float(d),
+              "transcripts_equal": equal == "True"} for c, one, other, d, equal in found]  # fmt: skip
+    return {"device": "H100 80GB HBM3", "paced_searches": searches, "nemo_loop": nemo,
+            "gpu_test_pairs": {"source": tests.relative_to(RAW).as_posix(), "pairs": pairs}}  # fmt: skip
+
+
+TTS_COUNTERS_SLOT = re.compile(  # the counters with "slot ms" and "svc fa" after "1st at" (828fbb0 on)
+    r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)"
+    r"\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$",
+    re.M,
+)
+
+
+def tts_session24_figures() -> dict:
+    """Issue 16, session 24, on an H100: the batched service at C = 256 and 320 (ramped clients), tree 2c8357e (a
+    request that left frees its slot beside the step), with the mean wait for a slot and the service's first audio."""
+    folder = RAW / "tts_session24"
+    name = "call2_tts_batched_here.txt"
+    text = (folder / name).read_text()
+    table = text[text.rfind("fa = first audio") :]
+    counters = {int(r[0]): r for r in TTS_COUNTERS_SLOT.findall(table[table.find("its own counters") :])}
+    levels = []
+    for c, _, fa50, fa95, rtf50, rtf95, audio, sustained in TTS_BATCHED_ROW.findall(table):
+        _, count, per_step, step_ms, _, hidden, first_at, slot_ms, service_fa = counters[int(c)]
+        levels.append({"concurrency": int(c), "code": "2c8357e", "first_audio_ms_p50": float(fa50),
+                       "first_audio_ms_p95": float(fa95), "rtf_p50": float(rtf50), "rtf_p95": float(rtf95),
+                       "audio_s_per_s": float(audio), "sustained_audio_s_per_s": float(sustained),
+                       "steps": int(count), "requests_per_step": float(per_step), "step_ms": float(step_ms),
+                       "hidden_prefill_ms_per_step": float(hidden), "first_patch_at_step": float(first_at),
+                       "slot_wait_ms_mean": float(slot_ms), "service_first_audio_ms_mean": float(service_fa),
+                       "source": (folder / name).relative_to(RAW).as_posix()})  # fmt: skip
+    return {"device": "H100 80GB HBM3", "preset": "voxcpm2", "levels": levels}
+
+
 ASR_STEP = re.compile(
     r"^bucket\s+(\d+) rows\s+(\d+): max \|graph - eager\| encoder (\S+), state (\S+), tokens equal (\w+)"
     r".*?(?:; step ([\d.]+) ms graph vs ([\d.]+) ms eager)?$",
@@ -656,7 +713,8 @@ def llm_frontends_figures() -> dict:
     folder = RAW / "llm_frontends"
     figures = {}
     # session 10's runs, then session 11's (s11_*: both engines on one step budget, named in the file)
-    for path in sorted(folder.glob("llm_frontends_bench_*.txt")) + sorted(folder.glob("s1[178]_*_bench_*.txt")):
+    paths = sorted(folder.glob("llm_frontends_bench_*.txt")) + sorted(folder.glob("s1[178]_*_bench_*.txt"))
+    for path in paths + sorted(folder.glob("s24_*_bench_*.txt")):
         preset, bench = _llm_bench(path)
         budget = re.search(r"_budget(\d+)", path.name)
         bench["step_budget_tokens"] = int(budget.group(1)) if budget else None
@@ -664,10 +722,10 @@ def llm_frontends_figures() -> dict:
         if path.name.startswith("s17_"):  # 6 rounds at 64 and 256, the default budget (8,192), on an H100
             bench["step_budget_tokens"] = 8192
             session = " 6 rounds at 64 and 256 (session 17, H100)"
-        if path.name.startswith("s18_"):  # --client-processes 4, the default budget (8,192), on an H100
+        if path.name.startswith(("s18_", "s24_")):  # --client-processes 4, the default budget (8,192), on an H100
             bench["step_budget_tokens"] = 8192
             bench["client_processes"] = 4
-            session = " 4 client processes (session 18, H100)"
+            session = f" 4 client processes (session {path.name[1:3]}, H100)"
         figures[f"{preset} service fe{bench['frontends']}{session}"] = bench
     for path in sorted(folder.glob("llm_frontends_vllm_serve_*.txt")) + sorted(folder.glob("s11_*_serve_*.txt")):
         preset = re.match(r"(s11_)?llm_frontends_vllm_serve_(.+?)(_cut_short)?\.txt", path.name).group(2)
@@ -897,12 +955,14 @@ def main() -> None:
         "asr_session18": asr_session18_figures(),
         "asr_session19": asr_session19_figures(),
         "asr_session23": asr_session23_figures(),
+        "asr_session24": asr_session24_figures(),
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "tts_profile": tts_profile_figures(),
         "tts_fused": tts_fused_figures(),
         "tts_joins": tts_join_figures(),
         "tts_session23": tts_session23_figures(),
+        "tts_session24": tts_session24_figures(),
         "llm": llm_figures(),
         "llm_frontends": llm_frontends_figures(),
         "main_job": main_job_figures(),
