@@ -3,6 +3,7 @@ stream, slots mapped by index, and streaming that still equals offline, over a r
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from services.asr.engine.step_graphs import bucket_for, buckets_up_to
@@ -54,6 +55,12 @@ def test_padding_rows_never_reach_a_stream(padded, record_dir, chunk_ms):
     assert max(r.batch_size for r in results[1]) == 3
     for request_id, audio, responses in zip(ids, clips, results, strict=True):
         equals_offline(padded, record_dir, request_id, chunk_ms, audio, responses[-1])
+        # what each step added and with how many streams (the GPU tests compare services step by step on these)
+        steps = np.load(record_dir / f"{request_id}.nemo-cache-aware.streaming.npz")
+        assert steps["step_frames"].sum() == len(steps["encoded"]) and steps["step_frames"].min() > 0
+        assert steps["step_tokens"].sum() == len(steps["token_ids"])
+        interim = [r.batch_size for r in responses if not r.is_final]
+        assert steps["step_rows"].tolist()[: len(interim)] == interim and len(steps["step_rows"]) >= len(interim)
 
 
 def test_padded_steps_reported(padded):

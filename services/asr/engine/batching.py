@@ -484,7 +484,16 @@ class BatchingBackend(Stepping, OfflineLane):
         if self.record_dir is not None:
             name, width = f"{stream.settings.request_id}.{self.name}", self.shape.d_model
             try:
-                record_encoder_output(self.record_dir, name, "streaming", stream.encoded, stream.token_ids, width)
+                record_encoder_output(
+                    self.record_dir,
+                    name,
+                    "streaming",
+                    stream.encoded,
+                    stream.token_ids,
+                    width,
+                    stream.step_rows,
+                    stream.step_tokens,
+                )
             except Exception as exc:  # this stream fails; the batching loop that delivered must go on
                 log.exception("recording stream %s failed", stream.settings.request_id)
                 stream.deliver(step_failure(exc))

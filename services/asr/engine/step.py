@@ -87,6 +87,8 @@ class Stepping:
             if self.record_dir is not None:
                 frames = result.encoded[index, :, : result.lengths[index]].T
                 stream.encoded.append(frames.float().cpu().numpy().copy())
+                stream.step_rows.append(len(streams))
+                stream.step_tokens.append(len(tokens))
             updates.append(
                 RecognitionUpdate(
                     transcript=stream.transcript,

@@ -53,7 +53,9 @@ class Stream:
         self.in_step = False
         self.arrivals: collections.deque[tuple[int, float]] = collections.deque()  # (total samples, time)
         self.deliver = deliver  # where its updates (and its failure) go: a queue's put, or the engine's channel
-        self.encoded: list[np.ndarray] = []  # kept only when recording encoder outputs
+        self.encoded: list[np.ndarray] = []  # kept only when recording encoder outputs: one array per step,
+        self.step_rows: list[int] = []  # with the streams in that step (its padded bucket follows from them)
+        self.step_tokens: list[int] = []  # and the tokens it added
 
     def append(self, audio: np.ndarray, arrived_at: float) -> None:
         with self.feature_lock:
@@ -91,16 +93,29 @@ class GroupResult:
 
 
 def record_encoder_output(
-    record_dir: Path, name: str, kind: str, encoded: list[np.ndarray], token_ids: list[int], width: int
+    record_dir: Path,
+    name: str,
+    kind: str,
+    encoded: list[np.ndarray],
+    token_ids: list[int],
+    width: int,
+    step_rows: list[int] | None = None,
+    step_tokens: list[int] | None = None,
 ) -> None:
-    """Debug: keep a stream's encoder output ([frames, width]) so tests can compare streaming with offline exactly.
+    """Debug: keep a stream's encoder output ([frames, width]) so tests can compare streaming with offline exactly,
+    with what each step added (frames, tokens) and how many streams it ran with (default: one pass of one row).
 
     The archive is made in memory and parsed back before it is written, and the file is read back after: two GPU
     runs found an eager service's archive with null bytes in its header (session 21: the header's padding, 36
     bytes), which no CPU run has shown. Whichever check fails says where the bytes went wrong."""
     frames = np.concatenate(encoded) if encoded else np.zeros((0, width), np.float32)
+    steps = {
+        "step_frames": np.array([len(piece) for piece in encoded], dtype=np.int64),
+        "step_rows": np.array(step_rows if step_rows is not None else [1] * len(encoded), dtype=np.int64),
+        "step_tokens": np.array(step_tokens if step_tokens is not None else [len(token_ids)], dtype=np.int64),
+    }
     buffer = io.BytesIO()
-    np.savez(buffer, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64))
+    np.savez(buffer, encoded=frames, token_ids=np.array(token_ids, dtype=np.int64), **steps)
     data = buffer.getvalue()
     with np.load(io.BytesIO(data)) as archive:  # raises if the archive is already wrong in memory
         archive["encoded"], archive["token_ids"]
