@@ -330,6 +330,7 @@ def counters(url: str) -> dict[str, float]:
         "voiceagent_tts_model_flops_total", "voiceagent_tts_model_read_bytes_total",
         "voiceagent_tts_queue_seconds_sum", "voiceagent_tts_queue_seconds_count",
         "voiceagent_tts_time_to_first_audio_seconds_sum", "voiceagent_tts_time_to_first_audio_seconds_count",
+        "process_cpu_seconds_total",  # the gRPC process's own (the engine is a child process)
     )  # fmt: skip
     found = dict.fromkeys(wanted, 0.0)
     for sample in scrape_samples(url):
@@ -356,6 +357,25 @@ def step_counters(before: dict[str, float], after: dict[str, float], concurrency
         f"{flops / steps / 1e9:>11.3f}{read / steps / 1e6:>10.1f}"
         f"{flops / max(step_s, 1e-9) / 1e9:>11.2f}{read / max(step_s, 1e-9) / 1e9:>10.2f}"
     )
+
+
+def delivery(level: Level, before: dict[str, float], after: dict[str, float], concurrency: int, patch_s: float) -> str:
+    """How fast a request's audio reached its client against how fast the engine stepped: the engine advances every
+    running request by one patch per step, so a client's patches should come one step apart. Per steady-state
+    request, (wall - first audio) / (patches - 1); and the gRPC process's CPU (cores) over the level, the process
+    every patch goes through on its way out (session 24: at C=256 a request's cycle was ~27 steps for 20 patches)."""
+    steps = (after["voiceagent_tts_step_requests_count"] - before["voiceagent_tts_step_requests_count"]) or 1
+    cpu = (after["process_cpu_seconds_total"] - before["process_cpu_seconds_total"]) / level.wall_s
+    per_patch = [
+        1000 * (rtf * seconds - first) / (patches - 1)
+        for first, rtf, seconds in level.runs
+        if (patches := round(seconds / patch_s)) > 1
+    ]
+    spread = f"{percentile(per_patch, 50):>12.1f}{percentile(per_patch, 95):>12.1f}" if per_patch else f"{'-':>24}"
+    return f"{concurrency:>5}{1000 * level.wall_s / steps:>12.1f}{spread}{cpu:>12.2f}"
+
+
+DELIVERY_HEADER = f"{'C':>5}{'step every':>12}{'patch p50':>12}{'patch p95':>12}{'gRPC CPU':>12}"
 
 
 def main() -> None:
@@ -429,6 +449,7 @@ def main() -> None:
     )
     rows: dict[int, list[str]] = {c: [] for c in levels}
     steps: list[str] = []
+    deliveries: list[str] = []  # per level: the clients' ms per patch against the engine's step interval
     checks: list[str] = []  # the clients' self-check per service level
     python = venv_python("tts")
     with (
@@ -445,11 +466,14 @@ def main() -> None:
             f"{shape['graph_capture_s']:.1f} s, {shape['cache_positions']:.0f} cache positions per slot",
             flush=True,
         )
+        patch_s = shape["patch_ms"] / 1000
         for concurrency in levels:
             before = counters(service.metrics_url)
             level = service_level(service.address, concurrency, args.requests, args.ramp_s, args.client_processes)
             rows[concurrency].append(level.row("batched service", concurrency))
-            steps.append(step_counters(before, counters(service.metrics_url), concurrency))
+            after = counters(service.metrics_url)
+            steps.append(step_counters(before, after, concurrency))
+            deliveries.append(delivery(level, before, after, concurrency, patch_s))
             checks.append(client_check(level, concurrency, args.client_processes))
             print(rows[concurrency][-1], flush=True)
     if "direct" not in skip:
@@ -495,6 +519,12 @@ def main() -> None:
         f"{'slot ms':>9}{'svc fa':>9}{'GFLOP/step':>11}{'MB/step':>10}{'GFLOP/s':>11}{'GB/s':>10}"
     )
     print("\n".join(steps))
+    print(
+        "\nbatched service, delivery per level: ms between steps (level wall / steps), ms per patch as a client heard"
+        " its request (steady state), the gRPC process's CPU (cores)"
+    )
+    print(DELIVERY_HEADER)
+    print("\n".join(deliveries))
     print("\nclients' self-check per service level (batched, then pool)")
     print("\n".join(checks))
     print(f"load average now {os.getloadavg()[0]:.1f} (2 cores)")

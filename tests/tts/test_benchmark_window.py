@@ -4,10 +4,12 @@ processes and ramped all come back, with the clients' self-check."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
-from services.tts.benchmark import client_check, counters, service_level, step_counters, sustained_rate
+from services.tts.benchmark import client_check, counters, delivery, service_level, step_counters, sustained_rate
 from tests.harness import running_service, venv_python
+from voiceagent.v1 import common_pb2, tts_pb2_grpc
 
 
 def test_only_chunks_inside_the_window_count():
@@ -23,6 +25,9 @@ def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
         level = service_level(service.address, 3, 3)
         after = counters(service.metrics_url)
         steps = step_counters(before, after, 3).split()
+        with grpc.insecure_channel(service.address) as channel:
+            info = tts_pb2_grpc.SpeechSynthesizerStub(channel).GetInfo(common_pb2.InfoRequest(), timeout=10)
+        delivered = delivery(level, before, after, 3, info.model.shape["patch_ms"] / 1000).split()
         spread = service_level(service.address, 4, 2, ramp_s=0.4, processes=2)
     start, end = level.window
     arrivals = [at for at, _ in level.chunks]
@@ -43,6 +48,11 @@ def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     assert after[heard] - before[heard] == 9 and after[waited] - before[waited] == 9
     slot_ms, service_fa_ms = float(steps[7]), float(steps[8])
     assert 0 <= slot_ms < service_fa_ms <= 1000 * max(run[0] for run in level.runs)
+    # delivery: the engine steps every running request each step, so (3 clients, nothing else) a client hears its
+    # patches about one step apart; the gRPC process's CPU over the level is some, and less than the 2 cores here
+    step_every, patch_p50, grpc_cpu = float(delivered[1]), float(delivered[2]), float(delivered[4])
+    assert 0.5 * step_every <= patch_p50 <= 2 * step_every
+    assert 0 < grpc_cpu < 2
     # clients in two processes, ramped: every client's requests come back, the steady-state percentiles count the
     # requests started after the ramp (each client's second), the aggregate counts all of them
     assert len(spread.chunks) > 0 and len(spread.runs) >= 4
