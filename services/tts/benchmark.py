@@ -82,10 +82,12 @@ class Level:
         window: tuple[float, float] | None = None,
         audio_s: float | None = None,
         client_lag_s: float = 0.0,
+        client_cpu: float = 0.0,
     ):
         self.runs, self.wall_s, self.chunks, self.window = runs, wall_s, chunks, window
         self.audio_s = sum(r[2] for r in runs) if audio_s is None else audio_s  # all audio, for the aggregate
         self.client_lag_s = client_lag_s  # service levels: the clients' self-check (see client_check)
+        self.client_cpu = client_cpu  # and the busiest client process's CPU (cores)
 
     def row(self, name: str, concurrency: int) -> str:
         first = [r[0] * 1000 for r in self.runs]
@@ -243,6 +245,7 @@ def _client_group(
         if barrier is not None:
             barrier.wait()  # every client process is connected
         released = time.perf_counter()  # perf_counter is CLOCK_MONOTONIC: one clock for every process here
+        cpu_from = time.process_time()  # this process's CPU, every thread: the clients' own cost
         steady_from = released + ramp_s * (concurrency - 1) / concurrency  # when the last client starts
         running = threading.Event()
 
@@ -272,7 +275,9 @@ def _client_group(
             thread.join()
         running.set()
         watcher.join()
-    return runs, chunks, spans, (released, time.perf_counter()), percentile(lags or [0.0], 99)
+    ended = time.perf_counter()
+    cpu = (time.process_time() - cpu_from) / max(ended - released, 1e-9)
+    return runs, chunks, spans, (released, ended), percentile(lags or [0.0], 99), cpu
 
 
 def _client_process(address, indices, concurrency, requests, ramp_s, barrier, results) -> None:
@@ -310,15 +315,18 @@ def service_level(address: str, concurrency: int, requests: int, ramp_s: float =
     started, ended = min(part[3][0] for part in parts), max(part[3][1] for part in parts)
     window = (max(first for first, _ in spans), min(last for _, last in spans))
     audio_s = sum(seconds for _, seconds in chunks)
-    return Level(runs, ended - started, chunks, window, audio_s, max(part[4] for part in parts))
+    lag, cpu = max(part[4] for part in parts), max(part[5] for part in parts)
+    return Level(runs, ended - started, chunks, window, audio_s, lag, cpu)
 
 
 def client_check(level: Level, concurrency: int, processes: int) -> str:
-    """The clients' self-check line of a level: the worst client process's p99 wake-up lag."""
+    """The clients' self-check line of a level: the worst client process's p99 wake-up lag, and the busiest one's CPU
+    (a Python client process near one core is its GIL's limit, whatever its lag)."""
     lag_ms = 1000 * level.client_lag_s
-    verdict = "the clients kept up" if lag_ms < 10 else "the clients may be the limit: use more --client-processes"
+    kept_up = lag_ms < 10 and level.client_cpu < 0.8
+    verdict = "the clients kept up" if kept_up else "the clients may be the limit: use more --client-processes"
     spread = f"{concurrency:>5} clients in {min(processes, concurrency)} process(es)"
-    return f"{spread}: wake-up lag p99 {lag_ms:.1f} ms, {verdict}"
+    return f"{spread}: wake-up lag p99 {lag_ms:.1f} ms, CPU {level.client_cpu:.2f} cores at most, {verdict}"
 
 
 def counters(url: str) -> dict[str, float]:
