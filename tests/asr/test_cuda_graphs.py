@@ -30,7 +30,7 @@ import pytest
 
 from services.asr.engine.step_graphs import bucket_for, buckets_up_to
 from tests.asr.client import clip, config, metric, streams_together, stub
-from tests.harness import running_service, venv_python
+from tests.harness import start_service, venv_python
 from voiceagent.v1 import asr_pb2, common_pb2
 
 torch = pytest.importorskip("torch")
@@ -50,7 +50,7 @@ def _service(record_dir, name: str, dtype: str, *flags: str):
     args += ["--record-encoder-dir", str(record_dir / name), *flags]
     # float32 means float32: cuDNN's convolutions would otherwise round their inputs to TF32 (10 mantissa bits)
     env = {"NVIDIA_TF32_OVERRIDE": "0"} if dtype == "float32" else None
-    return running_service("services.asr", venv_python("asr"), args, env)
+    return start_service("services.asr", venv_python("asr"), args, env)
 
 
 # name -> (dtype, flags); each service records its streams' encoder outputs in its own folder
@@ -72,7 +72,12 @@ WITHIN_FLOAT32 = [("graphs-fp32", "eager-fp32"), ("graphs-fp32", "in-step-fp32")
 def services(tmp_path_factory):
     record_dir = tmp_path_factory.mktemp("graphs")
     with contextlib.ExitStack() as stack:
-        running = {name: stack.enter_context(_service(record_dir, name, *spec)) for name, spec in SERVICES.items()}
+        running = {}
+        for name, spec in SERVICES.items():  # started together: each loads its model and captures its graphs at once
+            running[name] = _service(record_dir, name, *spec)
+            stack.callback(running[name].stop)
+        for service in running.values():
+            service.wait_serving(600)
         yield record_dir, running
 
 
