@@ -54,6 +54,7 @@ class Timings:
     time_to_first_token_s: float  # received by the backend -> first token
     decode_s: float  # first token -> last token
     e2e_s: float  # received -> finished
+    engine_decode_s: float = 0.0  # first token -> last token in the engine itself, where it says (vLLM's core)
 
 
 @dataclasses.dataclass(frozen=True)

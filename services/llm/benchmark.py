@@ -38,6 +38,7 @@ class RequestResult:
     ttft: float = 0.0
     engine_ttft: float = 0.0  # the service's own TTFT for this request (its completion timings); 0 engine-direct
     engine_decode: float = 0.0  # the same span as the service's backend saw it (completion timings); 0 engine-direct
+    core_decode: float = 0.0  # the same span as vLLM's engine core stamped it (both paths; 0: not known)
     itl: list[float] = dataclasses.field(default_factory=list)
     latency: float = 0.0
     output_tokens: int = 0
@@ -68,11 +69,13 @@ class LevelResult:
     def ttft_ms(self, quantile: float) -> float:
         return 1000 * percentile([r.ttft for r in self.requests if r.success], quantile)
 
-    def decode_ms(self, quantile: float, backend: bool = False) -> float:
-        """Per request, first token to last: as the client saw it, or (`backend`) as the service's backend did.
-        A service slower than engine-direct in decode alone, with its backend's span equal to the client's, is
-        slower inside the engine or its front end's intake, not in gRPC."""
-        spans = [r.engine_decode if backend else sum(r.itl) for r in self.requests if r.success]
+    def decode_ms(self, quantile: float, backend: bool = False, core: bool = False) -> float:
+        """Per request, first token to last: as the client saw it, (`backend`) as the service's backend did, or
+        (`core`) as vLLM's engine core stamped it. A service slower than engine-direct in decode alone, with its
+        backend's span equal to the client's, is slower inside the engine or on the way into its front end; the
+        engine core's span tells which."""
+        done = [r for r in self.requests if r.success]
+        spans = [r.core_decode if core else r.engine_decode if backend else sum(r.itl) for r in done]
         return 1000 * percentile(spans, quantile)
 
     def ttft_outside_backend_ms(self, quantile: float) -> float:
@@ -93,7 +96,7 @@ async def engine_request(engine, prompt: list[int], max_tokens: int, request_id:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from services.llm.backends.vllm import engine_input
+    from services.llm.backends.vllm import engine_decode, engine_input
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
     result = RequestResult()
@@ -109,6 +112,8 @@ async def engine_request(engine, prompt: list[int], max_tokens: int, request_id:
                     result.itl.append(now - last)
                 result.output_tokens += count
                 last = now
+            if output.finished:
+                result.core_decode = engine_decode(output.metrics)
         result.success = True
     except Exception as error:  # noqa: BLE001 - a failed request is a result
         result.error = repr(error)
@@ -137,6 +142,7 @@ async def service_request(stub, prompt: list[int], max_tokens: int, request_id: 
             if response.HasField("completion"):
                 result.engine_ttft = response.completion.timings.time_to_first_token_s
                 result.engine_decode = response.completion.timings.decode_s
+                result.core_decode = response.completion.timings.engine_decode_s
         result.success = True
     except grpc.RpcError as error:
         result.error = f"{error.code().name}: {error.details()}"
@@ -413,11 +419,13 @@ async def benchmark(args) -> None:
                                 )
                             rounds.setdefault((path, concurrency), []).append(level)
                             backend = level.decode_ms(0.5, backend=True) if path == "grpc-service" else None
+                            core = level.decode_ms(0.5, core=True)
                             print(
                                 f"  concurrency {concurrency:>2} round {round_index + 1} {path:<14} "
                                 f"{level.tokens_per_s:7.1f} tokens/s, TTFT p50 {level.ttft_ms(0.5):6.1f} ms, "
                                 f"decode p50 {level.decode_ms(0.5):6.1f} ms"
                                 + (f" ({backend:.1f} in its backend)" if backend is not None else "")
+                                + (f" ({core:.1f} in the engine core)" if core else "")
                                 + f", client {level.client_cpu_s / level.wall_s:.2f} CPU-s/s, "
                                 f"load average {os.getloadavg()[0]:.1f}",
                                 flush=True,

@@ -217,6 +217,7 @@ def to_response(request_id: str, delta: TokenDelta) -> llm_pb2.GenerateResponse:
                     time_to_first_token_s=timings.time_to_first_token_s,
                     decode_s=timings.decode_s,
                     e2e_s=timings.e2e_s,
+                    engine_decode_s=timings.engine_decode_s,
                 ),
             )
         )

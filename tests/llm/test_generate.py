@@ -49,6 +49,8 @@ def test_streamed_deltas_concatenate_to_the_final_text(stub, tokenizer):
     timings = completion.timings
     assert 0 < timings.time_to_first_token_s <= timings.e2e_s
     assert timings.decode_s > 0 and timings.queue_s >= 0
+    # the same span as vLLM's engine core stamped it: there, not counting the way to the front end
+    assert 0 < timings.engine_decode_s <= timings.decode_s + 0.05
 
 
 def test_text_and_token_id_prompts_are_the_same_prompt(stub, tokenizer):

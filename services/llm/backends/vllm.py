@@ -167,6 +167,14 @@ def yield_to_front_end(nice: int) -> list[int]:
     return pids
 
 
+def engine_decode(stats) -> float:
+    """First token to last as vLLM's engine core stamped them (its monotonic clock, at the step that made each):
+    the decode without the way to the front end. 0 where vLLM kept no stats for the request."""
+    if stats is None or not stats.first_token_ts:
+        return 0.0
+    return max(0.0, stats.last_token_ts - stats.first_token_ts)
+
+
 def engine_input(engine: AsyncLLM, prompt_ids: list[int]):
     """Token ids rendered for the engine as AsyncLLM renders a raw prompt (same checks, same result), but here,
     inline. Handed a raw prompt, AsyncLLM renders it on a thread pool, a hop made for tokenising text that
@@ -482,6 +490,7 @@ class VllmGenerator:
         reason = sample.finish_reason or "abort"
         stats = output.metrics  # vLLM's per-request timestamps (engine-core clock)
         queue_s = max(0.0, stats.scheduled_ts - stats.queued_ts) if stats is not None else 0.0
+        engine_decode_s = engine_decode(stats) if generated else 0.0
         cached = output.num_cached_tokens or 0
         metrics.cached_prompt_tokens.inc(cached)
         metrics.e2e_latency.labels(reason).observe(now - received)
@@ -496,5 +505,6 @@ class VllmGenerator:
                 time_to_first_token_s=(first_at - received) if generated else 0.0,
                 decode_s=(last_at - first_at) if generated else 0.0,
                 e2e_s=now - received,
+                engine_decode_s=engine_decode_s,
             ),
         )
