@@ -48,7 +48,7 @@ audioread soxr pooch decorator kaldialign braceexpand webdataset datasets dill m
 strenum overrides toml googleapis-common-protos nv-one-logger-core nv-one-logger-training-telemetry
 nv-one-logger-pytorch-lightning-integration pydantic pydantic-core annotated-types typing-inspection platformdirs"""
 VOXCPM = "voxcpm"
-SERVING = "grpcio grpcio-health-checking grpcio-reflection protobuf pytest-asyncio"
+SERVING = "grpcio grpcio-health-checking grpcio-reflection protobuf pytest-asyncio setproctitle"
 PROFILER = "py-spy==0.4.1"  # not in any venv here: the version the ASR splits ran with
 LOCUST = """locust gevent geventhttpclient greenlet flask flask-cors flask-login werkzeug itsdangerous blinker pyzmq
 zope-event zope-interface brotli configargparse python-engineio python-socketio bidict simple-websocket wsproto"""

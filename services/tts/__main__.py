@@ -7,4 +7,9 @@ from voiceagent.serving.server import run
 
 if __name__ == "__main__":  # guarded: worker processes are spawned and re-import this module
     config = load_config(TtsConfig, "TTS")
-    run(TtsService(config), config)
+    if config.frontends > 1:
+        from services.tts.backends.batched_frontends import serve_frontends
+
+        serve_frontends(config)
+    else:
+        run(TtsService(config), config)

@@ -2,11 +2,12 @@
 
 `make bench-tts`. Same preset, weights, text and threads everywhere. At each concurrency C, C clients start
 together (or spread over `--ramp-s`) and each makes `--requests` Synthesize calls back to back over a real gRPC
-channel (one per client process, `--client-processes`; each level ends with the clients' self-check: how late
-their processes woke up while they ran):
+channel of its own (its own connection: a pod of `--frontends` spreads connections), the clients spread over
+`--client-processes`; each level ends with the clients' self-check: how late their processes woke up while they
+ran, and their CPU):
 
-- batched service: `python -m services.tts --backend batched --max-batch <max C>`: one model, the requests
-  share every patch step;
+- batched service: `python -m services.tts --backend batched --max-batch <max C> --frontends <--frontends>`:
+  one model, the requests share every patch step;
 - pool service: `--backend pool --workers <--pool-workers>`: one request per worker process, the rest queue;
 - VoxCPM direct: `VoxCPM2Model.generate_streaming` in this process, one request at a time (the package has
   no batching), so only C=1 is measured on its own; its throughput at C = pool workers is that many copies
@@ -31,6 +32,7 @@ client, svc fa - slot ms - 1st at x step roughly the engine's channel both ways.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import threading
@@ -40,7 +42,7 @@ import grpc
 
 from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
 from services.tts.config import TtsConfig
-from voiceagent.serving.launcher import running_service, scrape_samples, venv_python
+from voiceagent.serving.launcher import child_processes, proc_stat, running_service, scrape_samples, venv_python
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
 TEXT = "Streaming speech starts before the sentence ends."
@@ -218,8 +220,10 @@ def service_run(stub, text: str, chunks: list | None = None) -> tuple[float, flo
     return first, (time.perf_counter() - started) / seconds, seconds
 
 
-def service_args(preset: str, backend: str, threads: int, workers: int, max_batch: int) -> list[str]:
-    return [
+def service_args(
+    preset: str, backend: str, threads: int, workers: int, max_batch: int, frontends: int = 1
+) -> list[str]:
+    return ["--frontends", str(frontends)] * (frontends > 1) + [
         "--preset", preset, "--backend", backend, "--workers", str(workers), "--max-batch", str(max_batch),
         "--cache-positions", str(PLACEMENT["cache_positions"]),
         "--threads-per-worker", str(threads), "--max-queue", str(4 * max_batch), "--probe-ceilings", "false",
@@ -232,16 +236,21 @@ def service_args(preset: str, backend: str, threads: int, workers: int, max_batc
 def _client_group(
     address: str, indices: list[int], concurrency: int, requests: int, ramp_s: float, barrier=None
 ) -> tuple:
-    """Clients `indices` of `concurrency` on one channel of their own, one thread each (see `service_level`).
+    """Clients `indices` of `concurrency`, one thread and one channel each (see `service_level`).
     Returns (runs, chunks, spans, (start, end), lag p99 s): lag is how late a 5 ms sleep of this process woke up while
     its clients ran, the self-check that the client process kept up."""
     runs: list[tuple[float, float, float]] = []
     chunks: list[tuple[float, float]] = []
     spans: list[tuple[float, float]] = []  # per client: its first audio, its last chunk
     lags: list[float] = []
-    with grpc.insecure_channel(address) as channel:
-        grpc.channel_ready_future(channel).result(timeout=60)
-        stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
+    with contextlib.ExitStack() as stack:
+        stubs = {}
+        for index in indices:  # a local subchannel pool: its own connection (gRPC shares one between channels)
+            channel = stack.enter_context(
+                grpc.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+            )
+            grpc.channel_ready_future(channel).result(timeout=60)
+            stubs[index] = tts_pb2_grpc.SpeechSynthesizerStub(channel)
         if barrier is not None:
             barrier.wait()  # every client process is connected
         released = time.perf_counter()  # perf_counter is CLOCK_MONOTONIC: one clock for every process here
@@ -254,7 +263,7 @@ def _client_group(
             time.sleep(max(0.0, released + ramp_s * index / concurrency - time.perf_counter()))
             for _ in range(requests):
                 begun = time.perf_counter()
-                run = service_run(stub, TEXT, mine)
+                run = service_run(stubs[index], TEXT, mine)
                 if begun >= steady_from or not ramp_s:
                     runs.append(run)
             chunks.extend(mine)
@@ -285,10 +294,10 @@ def _client_process(address, indices, concurrency, requests, ramp_s, barrier, re
 
 
 def service_level(address: str, concurrency: int, requests: int, ramp_s: float = 0.0, processes: int = 1) -> Level:
-    """C clients making `requests` calls each, back to back, spread over `processes` client processes (each with
-    its own channel; 1: threads of this process). With `ramp_s`, client i starts i/C of it after the first, so their
-    requests do not all start (and end) together; the first-audio and RTF percentiles then count only the requests
-    started once every client had started (the steady state), the aggregate counts all."""
+    """C clients making `requests` calls each, back to back, each on a channel (connection) of its own, spread over
+    `processes` client processes (1: threads of this process). With `ramp_s`, client i starts i/C of it after the
+    first, so their requests do not all start (and end) together; the first-audio and RTF percentiles then count
+    only the requests started once every client had started (the steady state), the aggregate counts all."""
     processes = max(1, min(processes, concurrency))
     groups = [list(range(concurrency))[i::processes] for i in range(processes)]
     if processes == 1:
@@ -338,7 +347,6 @@ def counters(url: str) -> dict[str, float]:
         "voiceagent_tts_model_flops_total", "voiceagent_tts_model_read_bytes_total",
         "voiceagent_tts_queue_seconds_sum", "voiceagent_tts_queue_seconds_count",
         "voiceagent_tts_time_to_first_audio_seconds_sum", "voiceagent_tts_time_to_first_audio_seconds_count",
-        "process_cpu_seconds_total",  # the gRPC process's own (the engine is a child process)
     )  # fmt: skip
     found = dict.fromkeys(wanted, 0.0)
     for sample in scrape_samples(url):
@@ -367,13 +375,26 @@ def step_counters(before: dict[str, float], after: dict[str, float], concurrency
     )
 
 
-def delivery(level: Level, before: dict[str, float], after: dict[str, float], concurrency: int, patch_s: float) -> str:
+def grpc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of the service's gRPC process(es): the service process itself (its engine is a child
+    process of its own) or, with `--frontends`, its front-end processes (the supervisor only watches)."""
+    total = 0.0
+    for each in (pid, *child_processes(pid, lambda command: command.startswith(b"tts-frontend-"))):
+        fields = proc_stat(each)
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def delivery(
+    level: Level, before: dict[str, float], after: dict[str, float], concurrency: int, patch_s: float, cpu_s: float
+) -> str:
     """How fast a request's audio reached its client against how fast the engine stepped: the engine advances every
     running request by one patch per step, so a client's patches should come one step apart. Per steady-state
-    request, (wall - first audio) / (patches - 1); and the gRPC process's CPU (cores) over the level, the process
-    every patch goes through on its way out (session 24: at C=256 a request's cycle was ~27 steps for 20 patches)."""
+    request, (wall - first audio) / (patches - 1); and the gRPC processes' CPU (`cpu_s` over the level, in cores),
+    which every patch goes through on its way out (session 24: at C=256 a request's cycle was ~27 steps for 20
+    patches)."""
     steps = (after["voiceagent_tts_step_requests_count"] - before["voiceagent_tts_step_requests_count"]) or 1
-    cpu = (after["process_cpu_seconds_total"] - before["process_cpu_seconds_total"]) / level.wall_s
+    cpu = cpu_s / level.wall_s
     per_patch = [
         1000 * (rtf * seconds - first) / (patches - 1)
         for first, rtf, seconds in level.runs
@@ -410,7 +431,10 @@ def main() -> None:
         "--client-processes",
         type=int,
         default=1,
-        help="services: client processes the C clients are spread over (each its own channel; 1: threads here)",
+        help="services: client processes the C clients are spread over (1: threads here)",
+    )
+    parser.add_argument(
+        "--frontends", type=int, default=1, help="batched service: gRPC front-end processes on its one engine"
     )
     parser.add_argument("--rounds", type=int, default=5, help="direct runs at C=1")
     parser.add_argument("--skip", default="", help="paths to leave out: pool,direct,engine")
@@ -462,7 +486,7 @@ def main() -> None:
     python = venv_python("tts")
     with (
         running_service(
-            "services.tts", python, service_args(args.preset, "batched", batched_threads, 1, top)
+            "services.tts", python, service_args(args.preset, "batched", batched_threads, 1, top, args.frontends)
         ) as service,
         grpc.insecure_channel(service.address) as channel,
     ):
@@ -476,12 +500,12 @@ def main() -> None:
         )
         patch_s = shape["patch_ms"] / 1000
         for concurrency in levels:
-            before = counters(service.metrics_url)
+            before, cpu = counters(service.metrics_url), grpc_cpu_s(service.proc.pid)
             level = service_level(service.address, concurrency, args.requests, args.ramp_s, args.client_processes)
             rows[concurrency].append(level.row("batched service", concurrency))
-            after = counters(service.metrics_url)
+            after, cpu = counters(service.metrics_url), grpc_cpu_s(service.proc.pid) - cpu
             steps.append(step_counters(before, after, concurrency))
-            deliveries.append(delivery(level, before, after, concurrency, patch_s))
+            deliveries.append(delivery(level, before, after, concurrency, patch_s, cpu))
             checks.append(client_check(level, concurrency, args.client_processes))
             print(rows[concurrency][-1], flush=True)
     if "direct" not in skip:
@@ -529,7 +553,7 @@ def main() -> None:
     print("\n".join(steps))
     print(
         "\nbatched service, delivery per level: ms between steps (level wall / steps), ms per patch as a client heard"
-        " its request (steady state), the gRPC process's CPU (cores)"
+        " its request (steady state), the gRPC processes' CPU (cores)"
     )
     print(DELIVERY_HEADER)
     print("\n".join(deliveries))

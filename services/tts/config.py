@@ -61,6 +61,14 @@ class TtsConfig(ServingConfig):
     cache_positions: int = dataclasses.field(
         default=2048, metadata={"help": "batched: K/V cache positions per slot (text tokens + patches of a segment)"}
     )
+    frontends: int = dataclasses.field(
+        default=1,
+        metadata={
+            "help": "batched: gRPC front-end processes on one engine process, sharing the port (SO_REUSEPORT); "
+            "every patch of every request goes out through one of them, so together they admit max_batch + "
+            "max_queue (one counter for the pod) (1 = one gRPC process)"
+        },
+    )
     cuda_graphs: bool = dataclasses.field(
         default=True, metadata={"help": "batched on CUDA: capture the step per batch-size bucket at start-up"}
     )
@@ -142,6 +150,12 @@ class TtsConfig(ServingConfig):
         )
         require(self.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         require(self.max_batch >= 1, "max_batch", f"must be >= 1, got {self.max_batch}")
+        require(1 <= self.frontends <= 64, "frontends", f"must be 1..64, got {self.frontends}")
+        require(
+            self.frontends == 1 or self.backend == "batched",
+            "frontends",
+            "several front ends share the batched engine: needs --backend batched",
+        )
         require(self.cache_positions >= 64, "cache_positions", f"must be >= 64, got {self.cache_positions}")
         require(
             self.vae_dtype in VAE_DTYPES, "vae_dtype", f"must be one of {', '.join(VAE_DTYPES)}, got {self.vae_dtype!r}"

@@ -50,18 +50,27 @@ class TtsMetrics:
         self.queue_seconds = Histogram(
             f"{PREFIX}_queue_seconds", "Time a request waited for a free model worker", buckets=LATENCY_BUCKETS_S
         )
+        # multiprocess_mode: how a pod of front-end processes adds up (batched --frontends); unused otherwise
         self.busy_workers = Gauge(
-            f"{PREFIX}_busy_workers", "Model workers serving a request (batched: requests holding a slot)"
+            f"{PREFIX}_busy_workers",
+            "Model workers serving a request (batched: requests holding a slot)",
+            multiprocess_mode="livesum",
         )
-        self.workers = Gauge(f"{PREFIX}_workers", "Model workers (instances) in the pool")
-        self.queued_requests = Gauge(f"{PREFIX}_queued_requests", "Requests waiting for a model worker")
+        self.workers = Gauge(f"{PREFIX}_workers", "Model workers (instances) in the pool", multiprocess_mode="max")
+        self.queued_requests = Gauge(
+            f"{PREFIX}_queued_requests", "Requests waiting for a model worker", multiprocess_mode="livesum"
+        )
         # The batched engine's steps (the worker pool has none of these: one request per worker)
         self.batch_requests = Histogram(
             f"{PREFIX}_step_requests",
             "Requests advanced by one batched engine step (one patch each)",
             buckets=BATCH_BUCKETS,
         )
-        self.step_batch = Gauge(f"{PREFIX}_step_batch_requests", "Requests advanced by the latest batched step")
+        self.step_batch = Gauge(
+            f"{PREFIX}_step_batch_requests",
+            "Requests advanced by the latest batched step",
+            multiprocess_mode="mostrecent",
+        )
         self.step_seconds = Histogram(
             f"{PREFIX}_step_seconds", "Wall time of one batched engine step", buckets=LATENCY_BUCKETS_S
         )

@@ -7,7 +7,15 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from services.tts.benchmark import client_check, counters, delivery, service_level, step_counters, sustained_rate
+from services.tts.benchmark import (
+    client_check,
+    counters,
+    delivery,
+    grpc_cpu_s,
+    service_level,
+    step_counters,
+    sustained_rate,
+)
 from tests.harness import running_service, venv_python
 from voiceagent.v1 import common_pb2, tts_pb2_grpc
 
@@ -21,13 +29,13 @@ def test_only_chunks_inside_the_window_count():
 def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     args = ["--preset", "tiny", "--backend", "batched", "--max-batch", "4"]
     with running_service("services.tts", venv_python("tts"), args) as service:
-        before = counters(service.metrics_url)
+        before, cpu = counters(service.metrics_url), grpc_cpu_s(service.proc.pid)
         level = service_level(service.address, 3, 3)
-        after = counters(service.metrics_url)
+        after, cpu = counters(service.metrics_url), grpc_cpu_s(service.proc.pid) - cpu
         steps = step_counters(before, after, 3).split()
         with grpc.insecure_channel(service.address) as channel:
             info = tts_pb2_grpc.SpeechSynthesizerStub(channel).GetInfo(common_pb2.InfoRequest(), timeout=10)
-        delivered = delivery(level, before, after, 3, info.model.shape["patch_ms"] / 1000).split()
+        delivered = delivery(level, before, after, 3, info.model.shape["patch_ms"] / 1000, cpu).split()
         spread = service_level(service.address, 4, 2, ramp_s=0.4, processes=2)
     start, end = level.window
     arrivals = [at for at, _ in level.chunks]

@@ -113,7 +113,7 @@ def _join(scheduler: _Scheduler, request_id: int) -> None:
 
 async def test_a_segment_arriving_during_a_step_on_the_device_is_prefilled_behind_it_and_joins_the_next():
     model, outbox = _RecordingModel(on_device=True), _Outbox()
-    scheduler = _Scheduler(model, _Work(), outbox, _spec())
+    scheduler = _Scheduler(model, _Work(), [outbox], _spec())
     loop = asyncio.create_task(scheduler.run())
     try:
         _join(scheduler, 1)
@@ -144,7 +144,7 @@ async def test_a_segment_arriving_during_a_step_on_the_device_is_prefilled_behin
 
 async def test_with_the_step_done_at_launch_a_joiner_is_prefilled_at_the_next_boundary():
     model, outbox = _RecordingModel(on_device=False), _Outbox()
-    scheduler = _Scheduler(model, _Work(), outbox, _spec())
+    scheduler = _Scheduler(model, _Work(), [outbox], _spec())
     gate = threading.Event()
     launch = model.launch
 
@@ -179,7 +179,7 @@ async def test_with_a_prefill_stream_a_pass_runs_beside_the_step_and_its_request
             assert gate.wait(10)
 
     model.prefill = slow_prefill
-    scheduler = _Scheduler(model, _Work(), outbox, _spec())
+    scheduler = _Scheduler(model, _Work(), [outbox], _spec())
     loop = asyncio.create_task(scheduler.run())
     try:
         _join(scheduler, 1)
@@ -217,7 +217,7 @@ async def test_a_slot_given_up_during_a_step_takes_a_waiting_join_into_the_next_
     model, outbox = _RecordingModel(on_device=True), _Outbox()
     model.prefill_stream = object()  # prefills run beside the steps (CUDA)
     model.patch_limit = lambda tokens, cap: 1 if tokens == 1 else 50  # a one-word text is one patch long
-    scheduler = _Scheduler(model, _Work(), outbox, _spec())
+    scheduler = _Scheduler(model, _Work(), [outbox], _spec())
     loop = asyncio.create_task(scheduler.run())
     try:
         scheduler.dispatch(Join(1, seed=1, timesteps=10, cfg_value=2.0))
@@ -240,7 +240,7 @@ async def test_a_slot_given_up_during_a_step_takes_a_waiting_join_into_the_next_
         await _until(lambda: scheduler.prefilling is None)
         await _next_step(model)
         assert model.calls[-1] == ("launch", [2, 3, 0])  # request 5 joined; request 2 left at the boundary
-        assert 1 not in scheduler.requests and 2 not in scheduler.requests
+        assert (0, 1) not in scheduler.requests and (0, 2) not in scheduler.requests
     finally:
         loop.cancel()
         for launched in model.launched:

@@ -6,6 +6,10 @@ its text segments one by one and turns each patch into the requested format as i
 stream early (a cancelled RPC) sends Leave: the engine drops the request at its next step boundary. If the
 engine process dies, open streams fail (UNAVAILABLE) and the service shuts down so that its orchestrator
 restarts it, as the ASR service does.
+
+With `--frontends N` (batched_frontends.py) N gRPC processes share one engine process, each over its own socket
+(`attached`): the pod admits `max_batch + max_queue` requests with one counter shared by the front ends, and the
+engine, the one place that knows its slots, queues those beyond `max_batch` until a slot is free.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
 from services.tts.config import TtsConfig
 from services.tts.context import SegmentBudget
 from services.tts.metrics import tts_metrics
+from voiceagent.serving.admission import Admission
 from voiceagent.serving.channel import Channel
 from voiceagent.serving.device_fault import exit_cause
 from voiceagent.serving.errors import QueueFull
@@ -52,18 +57,25 @@ from voiceagent.serving.metrics import service_metrics
 log = logging.getLogger(__name__)
 
 
+def engine_spec(config: TtsConfig) -> EngineSpec:
+    return EngineSpec(
+        WorkerSpec.from_config(config),
+        config.max_batch,
+        config.cache_positions,
+        config.cuda_graphs,
+        config.vae_dtype,
+        config.solver_attention,
+        config.prefill_graphs,
+    )
+
+
 class BatchedBackend:
-    def __init__(self, config: TtsConfig):
+    def __init__(self, config: TtsConfig, attached: socket.socket | None = None, pod: Admission | None = None):
+        """`attached`: this front end's socket to an engine process started by the pod's supervisor, instead of a
+        child process of its own; `pod`: the admission counter the front ends share (max_batch + max_queue)."""
         self.config = config
-        self.spec = EngineSpec(
-            WorkerSpec.from_config(config),
-            config.max_batch,
-            config.cache_positions,
-            config.cuda_graphs,
-            config.vae_dtype,
-            config.solver_attention,
-            config.prefill_graphs,
-        )
+        self.spec = engine_spec(config)
+        self.attached, self.pod = attached, pod
         self.metrics = tts_metrics()
         self.work = service_metrics("tts")
         self._facts: ModelFacts | None = None
@@ -90,9 +102,12 @@ class BatchedBackend:
     async def start(self) -> None:
         from importlib.metadata import version
 
-        ours, theirs = socket.socketpair()
-        self.process = start_process(engine_main, (self.spec, theirs), name="tts-engine", daemon=True)
-        theirs.close()
+        if self.attached is not None:
+            ours = self.attached
+        else:
+            ours, theirs = socket.socketpair()
+            self.process = start_process(engine_main, (self.spec, [theirs]), name="tts-engine", daemon=True)
+            theirs.close()
         self.channel = await Channel.open(ours)
         self.ready = asyncio.get_running_loop().create_future()
         self.receiver = asyncio.create_task(self._receive())
@@ -150,9 +165,12 @@ class BatchedBackend:
                     self.ready.set_result(message.payload)
                 elif isinstance(message, StartFailed):
                     self.ready.set_exception(RuntimeError(f"the TTS engine failed to start: {message.message}"))
-        await asyncio.to_thread(self.process.join, 5)  # its exit code says why, once it has one
-        code = self.process.exitcode
-        self.failure = f"the TTS engine process exited (code {code}){exit_cause(code)}"
+        if self.process is not None:
+            await asyncio.to_thread(self.process.join, 5)  # its exit code says why, once it has one
+            code = self.process.exitcode
+            self.failure = f"the TTS engine process exited (code {code}){exit_cause(code)}"
+        else:  # the pod's engine (--frontends): the supervisor sees its exit code
+            self.failure = "the TTS engine process is gone (its channel closed)"
         if not self.ready.done():
             self.ready.set_exception(RuntimeError(self.failure))
         for inbox in self.inboxes.values():
@@ -163,7 +181,8 @@ class BatchedBackend:
 
     def _record_step(self, step: Stepped) -> None:
         self.metrics.batch_requests.observe(step.requests)
-        self.metrics.step_batch.set(step.requests if self.in_flight else 0)  # a step reported after the last left
+        busy = self.pod.held if self.pod is not None else self.in_flight  # the pod's steps come to front end 0
+        self.metrics.step_batch.set(step.requests if busy else 0)  # a step reported after the last left
         self.metrics.step_seconds.observe(step.seconds)
         if step.prefill_seconds:
             self.metrics.prefill_seconds.observe(step.prefill_seconds)
@@ -174,7 +193,12 @@ class BatchedBackend:
     # -- requests ----------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _slot(self):
-        """One of the engine's slots, waiting in line for it; QueueFull when `max_queue` already wait."""
+        """One of the engine's slots, waiting in line for it; QueueFull when `max_queue` already wait. In a pod of
+        front ends, a place among the pod's `max_batch + max_queue` (the engine queues past its slots)."""
+        if self.pod is not None:
+            async with self._pod_place():
+                yield 0.0
+            return
         if self.in_flight >= self.config.max_batch and self.waiting >= self.config.max_queue:
             raise QueueFull(
                 f"all {self.config.max_batch} batch slots busy and {self.waiting} requests queued (max_queue)"
@@ -199,6 +223,24 @@ class BatchedBackend:
             if not self.in_flight:
                 self.metrics.step_batch.set(0)  # at rest: no step advances anyone
             self.slots.release()
+
+    @contextlib.asynccontextmanager
+    async def _pod_place(self):
+        if not self.pod.try_enter():
+            raise QueueFull(
+                f"all {self.config.max_batch} batch slots busy and {self.config.max_queue} requests queued "
+                f"(max_queue) in the pod's {self.config.frontends} front ends"
+            )
+        self.in_flight += 1
+        self.metrics.busy_workers.set(self.in_flight)
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self.metrics.busy_workers.set(self.in_flight)
+            self.pod.leave()
+            if not self.pod.held:
+                self.metrics.step_batch.set(0)  # the pod at rest: no step advances anyone
 
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioPiece]:
         """The request's audio, patch by patch. Its engine work runs in a task of its own that holds the slot

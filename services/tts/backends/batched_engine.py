@@ -158,6 +158,7 @@ class Stepped:
 class _Request:
     join: Join
     generator: object  # torch.Generator, seeded once per request: noise continues across its segments
+    channel: int = 0  # the gRPC process it came through (several with --frontends): its messages go back there
     texts: collections.deque = dataclasses.field(default_factory=collections.deque)
     slot: int | None = None
     segment_index: int = -1
@@ -170,10 +171,14 @@ class _Request:
 
 
 class _Scheduler:
-    def __init__(self, engine, work, channel: Channel, spec: EngineSpec):
-        self.engine, self.work, self.channel, self.spec = engine, work, channel, spec
+    """The step loop over every request of the pod. Requests are known by (channel, their id there): each gRPC
+    process numbers its own. A request's messages go back on its channel; the engine's step counters (Stepped) go to
+    the first channel only, since the front ends' metrics are merged into one /metrics (frontends.py)."""
+
+    def __init__(self, engine, work, channels: list[Channel], spec: EngineSpec):
+        self.engine, self.work, self.channels, self.spec = engine, work, channels, spec
         self.free_slots = list(range(spec.max_batch))  # a min-heap: low slots first keeps the batch compact
-        self.requests: dict[int, _Request] = {}
+        self.requests: dict[tuple[int, int], _Request] = {}
         self.waiting: collections.deque[_Request] = collections.deque()  # a segment to prefill
         self.running: list[_Request] = []
         self.wake = asyncio.Event()
@@ -183,20 +188,31 @@ class _Scheduler:
         self.next_pass = 0.0  # when the next such pass may start
         self.hidden_s = 0.0  # host seconds of those passes since the last step was reported
 
-    def dispatch(self, message) -> None:
+    def dispatch(self, message, channel: int = 0) -> None:
         import torch
 
+        key = (channel, getattr(message, "request_id", -1))
         if isinstance(message, Join):
             generator = torch.Generator().manual_seed(message.seed)
-            self.requests[message.request_id] = _Request(message, generator)
+            self.requests[key] = _Request(message, generator, channel)
         elif isinstance(message, Speak):
-            if (request := self.requests.get(message.request_id)) is not None:
+            if (request := self.requests.get(key)) is not None:
                 request.texts.append((message.segment_index, message.text))
                 if request not in self.waiting and request not in self.running:
                     self._queue(request)
-        elif isinstance(message, Leave) and (request := self.requests.get(message.request_id)) is not None:
+        elif isinstance(message, Leave) and (request := self.requests.get(key)) is not None:
             request.left = True
         self.wake.set()
+
+    def drop_channel(self, channel: int) -> None:
+        """Its gRPC process stopped or went away: its requests leave (their slots are freed as any leaver's)."""
+        for (source, _), request in self.requests.items():
+            if source == channel:
+                request.left = True
+        self.wake.set()
+
+    def _send(self, request: _Request, message) -> None:
+        self.channels[request.channel].send(message)
 
     def _queue(self, request: _Request) -> None:
         request.queued_at_step = self.steps
@@ -211,7 +227,7 @@ class _Scheduler:
         for request in [r for r in self.requests.values() if r.left]:
             if stepping and (request.prefilling or request in self.running):
                 continue
-            del self.requests[request.join.request_id]
+            del self.requests[request.channel, request.join.request_id]
             if request.slot is not None:
                 heapq.heappush(self.free_slots, request.slot)
             if request in self.running:
@@ -239,7 +255,7 @@ class _Scheduler:
             if request.limit < 1:
                 # The gRPC process refuses such text up front (services/tts/context.py); this is the backstop.
                 why = f"{len(tokens)} text tokens leave no room to speak in cache_positions {self.engine.max_length}"
-                self.channel.send(Failed(request.join.request_id, f"text: {why}", invalid=True))
+                self._send(request, Failed(request.join.request_id, f"text: {why}", invalid=True))
                 request.left = True
                 continue
             request.patches, request.context = 0, len(tokens) + 1
@@ -289,7 +305,7 @@ class _Scheduler:
         except Exception as exc:  # these requests fail (their slots are freed at the next boundary); the rest go on
             log.exception("prefill failed")
             for request, _ in admitted:
-                self.channel.send(Failed(request.join.request_id, f"{type(exc).__name__}: {exc}"))
+                self._send(request, Failed(request.join.request_id, f"{type(exc).__name__}: {exc}"))
                 request.left = True
             end_process_after(exc, log)  # a CUDA fault: every later step would fail too
             return
@@ -359,44 +375,47 @@ class _Scheduler:
         except Exception as exc:  # reported to every request of the step; the engine lives on
             log.exception("batched step failed")
             for request in batch:
-                self.channel.send(Failed(request.join.request_id, f"{type(exc).__name__}: {exc}"))
+                self._send(request, Failed(request.join.request_id, f"{type(exc).__name__}: {exc}"))
                 request.left = True
             end_process_after(exc, log)  # a CUDA fault: every later step would fail too
             return
         self.last_step_s = time.perf_counter() - started
         self.steps += 1
         flops, read_bytes = self.work.per_step([r.context for r in batch], timesteps)
-        self.channel.send(Stepped(len(batch), self.last_step_s, flops, read_bytes, prefill_s, self.hidden_s))
+        self.channels[0].send(Stepped(len(batch), self.last_step_s, flops, read_bytes, prefill_s, self.hidden_s))
         self.hidden_s = 0.0
-        rows, entries, done = [], [], []
+        rows: dict[int, tuple[list[int], list]] = {}  # per channel: the step's rows and their entries
+        done = []
         for row, (request, stop) in enumerate(zip(batch, stops, strict=True)):
             index = request.patches
             request.patches += 1
             request.context += 1
             if request.left:
                 continue
-            rows.append(row)
+            mine, entries = rows.setdefault(request.channel, ([], []))
+            mine.append(row)
             entries.append((request.join.request_id, request.segment_index, self.steps - request.queued_at_step
                             if index == 0 else 0))  # fmt: skip
             if (stop and index > 2) or request.patches >= request.limit:
                 done.append(request)
-        if rows:  # a request's patch goes before its SegmentDone
-            audio = audio.numpy()
-            self.channel.send(Patches(audio if len(rows) == len(batch) else audio[rows], tuple(entries)))
+        audio = audio.numpy() if rows else audio
+        for channel, (mine, entries) in rows.items():  # a request's patch goes before its SegmentDone
+            self.channels[channel].send(Patches(audio if len(mine) == len(batch) else audio[mine], tuple(entries)))
         for request in done:
             self.running.remove(request)
-            self.channel.send(SegmentDone(request.join.request_id, request.segment_index, request.patches))
+            self._send(request, SegmentDone(request.join.request_id, request.segment_index, request.patches))
             if request.texts:
                 self._queue(request)
 
 
-def engine_main(spec: EngineSpec, sock: socket.socket) -> None:
-    """Entry point of the engine process."""
+def engine_main(spec: EngineSpec, socks: list[socket.socket]) -> None:
+    """Entry point of the engine process: one model for the gRPC processes at the other ends of `socks` (one, or
+    one per front end with `--frontends`)."""
     # The gRPC process drains its streams on SIGINT/SIGTERM and then stops this one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s (tts engine): %(message)s")
-    asyncio.run(_serve(spec, sock))
+    asyncio.run(_serve(spec, socks))
 
 
 def build_engine(spec: EngineSpec):
@@ -467,24 +486,35 @@ def build_engine(spec: EngineSpec):
     return engine, work, payload
 
 
-async def _serve(spec: EngineSpec, sock: socket.socket) -> None:
-    channel = await Channel.open(sock)
+async def _serve(spec: EngineSpec, socks: list[socket.socket]) -> None:
+    channels = [await Channel.open(sock) for sock in socks]
     try:
         engine, work, payload = await asyncio.to_thread(build_engine, spec)
     except Exception as exc:
         log.exception("the TTS engine failed to start")
-        channel.send(StartFailed(f"{type(exc).__name__}: {exc}"))
-        await channel.close()
+        for channel in channels:
+            channel.send(StartFailed(f"{type(exc).__name__}: {exc}"))
+            await channel.close()
         return
-    channel.send(Ready(payload | {"max_batch": spec.max_batch}))
-    scheduler = _Scheduler(engine, work, channel, spec)
+    for channel in channels:
+        channel.send(Ready(payload | {"max_batch": spec.max_batch}))
+    scheduler = _Scheduler(engine, work, channels, spec)
     stepping = asyncio.create_task(scheduler.run())
+
+    async def serve_channel(index: int) -> None:
+        """One gRPC process's messages, until it shuts the engine down or goes away."""
+        try:
+            while (messages := await channels[index].receive()) is not None:
+                for message in messages:
+                    if isinstance(message, Shutdown):
+                        return
+                    scheduler.dispatch(message, index)
+        finally:
+            scheduler.drop_channel(index)
+
     try:
-        while (messages := await channel.receive()) is not None:
-            for message in messages:
-                if isinstance(message, Shutdown):
-                    return
-                scheduler.dispatch(message)
-    finally:
+        await asyncio.gather(*(serve_channel(index) for index in range(len(channels))))
+    finally:  # every gRPC process has stopped the engine or is gone
         stepping.cancel()
-        await channel.close()
+        for channel in channels:
+            await channel.close()
