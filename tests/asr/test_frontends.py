@@ -4,15 +4,14 @@ the offline pass, and the one /metrics merges both front ends and the engine's c
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import grpc
 import pytest
 
 from tests.asr.client import clip, config, hold_stream, metric, streams_together, stub
-from tests.harness import child_processes, running_service, venv_python
+from tests.harness import running_service, venv_python
+from tests.pods import assert_calls_end_unavailable, assert_pod_exits, kill_engine
 from voiceagent.v1 import asr_pb2
 
 STREAMS = 4
@@ -77,15 +76,6 @@ def test_a_dead_engine_fails_the_streams_of_every_front_end_and_stops_the_pod():
     with running_service("services.asr", venv_python("asr"), [*args, "--threads", "1", "--grace-s", "2"]) as pod:
         held = [hold_stream(pod.address, f"orphan-{index}") for index in range(6)]  # 6 connections: both front ends
         # the supervisor's spawned children: the engine process (started first) and the front ends
-        engine = min(child_processes(pod.proc.pid, lambda command: b"spawn_main" in command))
-        os.kill(engine, signal.SIGKILL)
-        for _channel, call in held:
-            with pytest.raises(grpc.RpcError) as caught:
-                for _ in call:
-                    pass
-            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-        deadline = time.monotonic() + 60  # the pod drains and exits on its own, for its orchestrator to restart
-        while pod.proc.poll() is None:
-            assert time.monotonic() < deadline, "the pod kept running without its engine"
-            time.sleep(0.1)
-        assert pod.proc.returncode != 0
+        kill_engine(pod)
+        assert_calls_end_unavailable(call for _channel, call in held)
+        assert_pod_exits(pod)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import grpc
@@ -19,6 +20,8 @@ torch.set_num_threads(1)
 # observable with few requests.
 TTS_ARGS = ["--preset", "tiny", "--workers", "1", "--max-batch", "1", "--max-queue", "1", "--max-text-chars", "500"]
 BACKENDS = ("batched", "pool")
+TEXT = "Every request in the batch speaks its own words."
+LONG_TEXT = "This request speaks for a long while so that it is still going when the others act. " * 2
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
@@ -58,3 +61,24 @@ def collect(responses) -> Response:
 
 def synthesize(stub, text: str, **config) -> Response:
     return collect(stub.Synthesize(tts_pb2.SynthesizeRequest(text=text, config=tts_pb2.SynthesisConfig(**config))))
+
+
+def together(calls: list[tuple[object, str, dict]]) -> list:
+    """Start every (stub, text, config) call at once, one thread each; each one's Response, or the RpcError it
+    ended with."""
+    responses: list = [None] * len(calls)
+    start = threading.Barrier(len(calls))
+
+    def run(index: int, stub, text: str, config: dict) -> None:
+        start.wait()
+        try:
+            responses[index] = synthesize(stub, text, **config)
+        except grpc.RpcError as error:
+            responses[index] = error
+
+    threads = [threading.Thread(target=run, args=(i, *call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    return responses

@@ -13,14 +13,12 @@ import numpy as np
 import pytest
 
 from tests.harness import running_service, sample_sum, scrape_samples, venv_python
-from tests.tts.conftest import Response, collect, synthesize
+from tests.tts.conftest import LONG_TEXT, TEXT, collect, synthesize, together
 from voiceagent.v1 import tts_pb2, tts_pb2_grpc
 
 MAX_BATCH = 8
 ARGS = ["--preset", "tiny", "--backend", "batched", "--max-batch", str(MAX_BATCH), "--max-queue", "2"]
 PATCH_BYTES = 7680 * 4  # one 160 ms patch at 48 kHz, float32
-TEXT = "Every request in the batch speaks its own words."
-LONG_TEXT = "This request speaks for a long while so that it is still going when the others act. " * 2
 
 
 @pytest.fixture(scope="module")
@@ -35,27 +33,10 @@ def stub(batched):
         yield tts_pb2_grpc.SpeechSynthesizerStub(channel)
 
 
-def together(stub, requests: list[tuple[str, dict]]) -> list[Response]:
-    """Start every request at once (one thread each) and collect their responses in order."""
-    responses: list[Response | None] = [None] * len(requests)
-    start = threading.Barrier(len(requests))
-
-    def run(index: int, text: str, config: dict) -> None:
-        start.wait()
-        responses[index] = synthesize(stub, text, **config)
-
-    threads = [threading.Thread(target=run, args=(i, *r)) for i, r in enumerate(requests)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    return responses
-
-
 def test_a_seeded_request_sounds_the_same_alone_and_inside_a_batch_of_eight(stub):
     alone = synthesize(stub, TEXT, seed=42).audio
     others = [(f"Another voice number {i} with other words.", {"seed": i}) for i in range(MAX_BATCH - 1)]
-    batch = together(stub, [(TEXT, {"seed": 42}), *others])
+    batch = together([(stub, TEXT, {"seed": 42}), *((stub, *other) for other in others)])
     assert alone.shape == batch[0].audio.shape
     np.testing.assert_allclose(batch[0].audio, alone, atol=1e-5)  # float rounding of batched matmuls only
     assert np.abs(alone).max() > 0.01
@@ -65,12 +46,14 @@ def test_a_seeded_request_sounds_the_same_alone_and_inside_a_batch_of_eight(stub
 def test_requests_with_other_diffusion_steps_and_guidance_share_steps_unchanged(stub):
     config = {"seed": 5, "inference_timesteps": 4, "cfg_value": 1.5}
     alone = synthesize(stub, TEXT, **config).audio
-    batch = together(stub, [(TEXT, config), (LONG_TEXT, {"seed": 6}), (TEXT, {"seed": 7, "cfg_value": 3.0})])
+    batch = together(
+        [(stub, TEXT, config), (stub, LONG_TEXT, {"seed": 6}), (stub, TEXT, {"seed": 7, "cfg_value": 3.0})]
+    )
     np.testing.assert_allclose(batch[0].audio, alone, atol=1e-5)
 
 
 def test_every_chunk_but_the_last_is_one_patch_inside_a_batch(stub):
-    for response in together(stub, [(TEXT, {"seed": i}) for i in range(4)]):
+    for response in together([(stub, TEXT, {"seed": i}) for i in range(4)]):
         *patches, last = response.chunks
         assert patches and all(len(chunk.audio) == PATCH_BYTES for chunk in patches)
         assert last.is_last and [c.chunk_index for c in response.chunks] == list(range(len(response.chunks)))
@@ -148,7 +131,7 @@ def test_cancelling_mid_batch_frees_the_slot_and_the_others_continue_unchanged(b
         assert time.perf_counter() < deadline, "the cancelled request still holds its slot"
         time.sleep(0.05)
     # every slot is free again: a full batch is admitted at once, nobody queues
-    full = together(stub, [("Short.", {"seed": i}) for i in range(MAX_BATCH)])
+    full = together([(stub, "Short.", {"seed": i}) for i in range(MAX_BATCH)])
     assert all(response.chunks[0].queue_s < 0.05 for response in full)
 
 

@@ -5,8 +5,6 @@ death fails every front end's requests and stops the pod."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 
@@ -15,16 +13,15 @@ import numpy as np
 import pytest
 
 from services.tts.config import TtsConfig
-from tests.harness import child_processes, running_service, sample_sum, scrape_samples, venv_python
-from tests.tts.conftest import synthesize
+from tests.harness import running_service, sample_sum, scrape_samples, venv_python
+from tests.pods import assert_calls_end_unavailable, assert_pod_exits, kill_engine
+from tests.tts.conftest import LONG_TEXT, TEXT, synthesize, together
 from voiceagent.serving.config import load_config
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
 MAX_BATCH, MAX_QUEUE = 4, 2
 ARGS = ["--preset", "tiny", "--backend", "batched", "--frontends", "2", "--probe-ceilings", "false"]
 ARGS += ["--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE)]
-TEXT = "Every request in the batch speaks its own words."
-LONG_TEXT = "This request speaks for a long while so that it is still going when the others act. " * 2
 
 
 @pytest.fixture(scope="module")
@@ -59,24 +56,6 @@ def _one_channel_per_front_end(service, tries: int = 40) -> list[grpc.Channel]:
     raise AssertionError(f"{tries} connections did not reach both front ends: {sorted(found)}")
 
 
-def _speak(channel: grpc.Channel, text: str, seed: int, out: list, index: int) -> None:
-    stub = tts_pb2_grpc.SpeechSynthesizerStub(channel)
-    try:
-        out[index] = synthesize(stub, text, seed=seed)
-    except grpc.RpcError as error:
-        out[index] = error
-
-
-def _together(calls: list[tuple[grpc.Channel, str, int]]) -> list:
-    out: list = [None] * len(calls)
-    threads = [threading.Thread(target=_speak, args=(*call, out, i)) for i, call in enumerate(calls)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(180)
-    return out
-
-
 def test_requests_through_two_front_ends_share_steps_and_sound_as_alone(pod):
     first, second = _one_channel_per_front_end(pod)
     try:
@@ -86,8 +65,9 @@ def test_requests_through_two_front_ends_share_steps_and_sound_as_alone(pod):
         before_steps, before_single = _metric(pod, steps), _metric(pod, single, le="1.0")
         rpcs = _rpcs(pod)
         # two requests on each front end, at once: one engine steps them together
-        calls = [(first, TEXT, 42), (second, TEXT, 42), (first, LONG_TEXT, 7), (second, LONG_TEXT, 8)]
-        responses = _together(calls)
+        one, other = (tts_pb2_grpc.SpeechSynthesizerStub(channel) for channel in (first, second))
+        calls = [(one, TEXT, {"seed": 42}), (other, TEXT, {"seed": 42}), (one, LONG_TEXT, {"seed": 7})]
+        responses = together([*calls, (other, LONG_TEXT, {"seed": 8})])
         for response in responses:
             assert not isinstance(response, grpc.RpcError), response
             assert response.chunks[-1].is_last
@@ -111,22 +91,21 @@ def test_the_pod_admits_max_batch_and_its_queue_whichever_front_end_the_requests
     next one."""
     first, second = _one_channel_per_front_end(pod)
     try:
-        out: list = [None] * (MAX_BATCH + MAX_QUEUE)
-        threads = [
-            threading.Thread(target=_speak, args=(first, LONG_TEXT, index, out, index)) for index in range(len(out))
-        ]
-        for thread in threads:
-            thread.start()
+        one, places = tts_pb2_grpc.SpeechSynthesizerStub(first), MAX_BATCH + MAX_QUEUE
+        out: list = []
+        calls = [(one, LONG_TEXT, {"seed": index}) for index in range(places)]
+        runner = threading.Thread(target=lambda: out.extend(together(calls)))
+        runner.start()
         deadline = time.monotonic() + 30  # every one admitted: the pod's gauge of requests holding a place
-        while _metric(pod, "voiceagent_tts_busy_workers") < len(out):
+        while _metric(pod, "voiceagent_tts_busy_workers") < places:
             assert time.monotonic() < deadline, "the requests were not all admitted"
             time.sleep(0.05)
         with pytest.raises(grpc.RpcError) as refused:
             synthesize(tts_pb2_grpc.SpeechSynthesizerStub(second), "One too many.")
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_queue" in refused.value.details() and "2 front ends" in refused.value.details()
-        for thread in threads:
-            thread.join(180)
+        runner.join(200)
+        assert len(out) == places
         for response in out:  # the queued ones too: the engine held them until a slot was free
             assert not isinstance(response, grpc.RpcError), response
             assert response.chunks[-1].is_last
@@ -147,19 +126,9 @@ def test_a_dead_engine_fails_the_requests_of_every_front_end_and_stops_the_pod()
         ]
         for call in calls:  # both are speaking
             next(iter(call))
-        # the supervisor's spawned children: the engine process (started first) and the front ends
-        engine = min(child_processes(pod.proc.pid, lambda command: b"spawn_main" in command))
-        os.kill(engine, signal.SIGKILL)
-        for call in calls:
-            with pytest.raises(grpc.RpcError) as caught:
-                for _ in call:
-                    pass
-            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-        deadline = time.monotonic() + 60  # the pod drains and exits on its own, for its orchestrator to restart
-        while pod.proc.poll() is None:
-            assert time.monotonic() < deadline, "the pod kept running without its engine"
-            time.sleep(0.1)
-        assert pod.proc.returncode != 0
+        kill_engine(pod)
+        assert_calls_end_unavailable(calls)
+        assert_pod_exits(pod)
         first.close()
         second.close()
 

@@ -67,6 +67,39 @@ class EngineLauncher(Protocol):
     def stop(self) -> None: ...
 
 
+class SpawnedEngine:
+    """The part every service's EngineLauncher shares: its engine as one spawned process with a socket pair per
+    front end (the engine serves every socket's requests from one model), its exit as the pod's failure, and its stop
+    once each front end has told it to stop."""
+
+    def __init__(self, name: str):
+        self.name = name  # the service's: "asr", "tts"
+        self.process: multiprocessing.Process | None = None
+
+    def spawn(self, target: Callable, args: Callable[[list[socket.socket]], tuple], frontends: int,
+              daemon: bool = False) -> list[socket.socket]:  # fmt: skip
+        """Start `target(*args(their sockets))`; returns our end of each front end's socket pair."""
+        pairs = [socket.socketpair() for _ in range(frontends)]
+        theirs = [pair[1] for pair in pairs]
+        self.process = start_process(target, args(theirs), name=f"{self.name}-engine", daemon=daemon)
+        for sock in theirs:
+            sock.close()
+        log.info("%s engine process %d started for %d front ends", self.name, self.process.pid, frontends)
+        return [ours for ours, _theirs in pairs]
+
+    def failure(self) -> str:
+        if self.process is None or self.process.exitcode is None:
+            return ""
+        return f"the {self.name.upper()} engine process exited (code {self.process.exitcode})"
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.join(30)  # each front end's service told the engine to stop while stopping
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+
+
 # Builds a front end's Service from (config, its engine handle, its index, the front-end count). A module-level
 # function, so that a spawned process can unpickle it.
 ServiceFactory = Callable[[ServingConfig, Any, int, int], Any]

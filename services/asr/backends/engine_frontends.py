@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import socket
 from typing import Any
 
@@ -22,41 +21,22 @@ from services.asr.backends.engine_process import EngineProcess, _engine_main
 from services.asr.config import AsrConfig
 from services.asr.servicer import AsrService
 from voiceagent.serving.admission import Admission, shared_counter
-from voiceagent.serving.frontends import supervise
-from voiceagent.serving.lifeline import start_process
+from voiceagent.serving.frontends import SpawnedEngine, supervise
 
 log = logging.getLogger(__name__)
 
 
-class AsrEngineLauncher:
+class AsrEngineLauncher(SpawnedEngine):
     """The EngineLauncher of the ASR service: its engine process, started once in the supervisor."""
 
     def __init__(self, config: AsrConfig):
+        super().__init__("asr")
         self.config = config
-        self.process: multiprocessing.Process | None = None
 
     def start(self, frontends: int) -> list[tuple[socket.socket, Any]]:
-        pairs = [socket.socketpair() for _ in range(frontends)]
-        self.process = start_process(
-            _engine_main, (self.config, [theirs for _ours, theirs in pairs]), name="asr-engine"
-        )
-        for _ours, theirs in pairs:
-            theirs.close()
-        log.info("ASR engine process %d started for %d front ends", self.process.pid, frontends)
+        socks = self.spawn(_engine_main, lambda theirs: (self.config, theirs), frontends)
         streams, offline = shared_counter(), shared_counter()  # in the pod, whichever front end took them
-        return [(ours, streams, offline) for ours, _theirs in pairs]
-
-    def failure(self) -> str:
-        if self.process is None or self.process.exitcode is None:
-            return ""
-        return f"the ASR engine process exited (code {self.process.exitcode})"
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.join(30)  # each front end's service sent StopEngine while stopping
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join()
+        return [(ours, streams, offline) for ours in socks]
 
 
 def frontend_service(config: AsrConfig, handle: tuple[socket.socket, Any], index: int, count: int) -> AsrService:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import socket
 from typing import Any
 
@@ -25,40 +24,23 @@ from services.tts.backends.batched_engine import engine_main
 from services.tts.config import TtsConfig
 from services.tts.servicer import TtsService
 from voiceagent.serving.admission import Admission, shared_counter
-from voiceagent.serving.frontends import supervise
-from voiceagent.serving.lifeline import start_process
+from voiceagent.serving.frontends import SpawnedEngine, supervise
 
 log = logging.getLogger(__name__)
 
 
-class TtsEngineLauncher:
+class TtsEngineLauncher(SpawnedEngine):
     """The EngineLauncher of the TTS service: its batched engine process, started once in the supervisor."""
 
     def __init__(self, config: TtsConfig):
+        super().__init__("tts")
         self.config = config
-        self.process: multiprocessing.Process | None = None
 
     def start(self, frontends: int) -> list[tuple[socket.socket, Any]]:
-        pairs = [socket.socketpair() for _ in range(frontends)]
-        theirs = [pair[1] for pair in pairs]
-        self.process = start_process(engine_main, (engine_spec(self.config), theirs), name="tts-engine", daemon=True)
-        for sock in theirs:
-            sock.close()
-        log.info("TTS engine process %d started for %d front ends", self.process.pid, frontends)
+        spec = engine_spec(self.config)
+        socks = self.spawn(engine_main, lambda theirs: (spec, theirs), frontends, daemon=True)
         pod = shared_counter()  # requests in the pod, whichever front end took them
-        return [(ours, pod) for ours, _theirs in pairs]
-
-    def failure(self) -> str:
-        if self.process is None or self.process.exitcode is None:
-            return ""
-        return f"the TTS engine process exited (code {self.process.exitcode})"
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.join(30)  # each front end's backend sent Shutdown while stopping
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join()
+        return [(ours, pod) for ours in socks]
 
 
 def frontend_service(config: TtsConfig, handle: tuple[socket.socket, Any], index: int, count: int) -> TtsService:
