@@ -59,6 +59,9 @@ def _one_channel_per_front_end(service, tries: int = 40) -> list[grpc.Channel]:
 def test_requests_through_two_front_ends_share_steps_and_sound_as_alone(pod):
     first, second = _one_channel_per_front_end(pod)
     try:
+        for channel in (first, second):  # both front ends say what the pod is
+            info = tts_pb2_grpc.SpeechSynthesizerStub(channel).GetInfo(common_pb2.InfoRequest(), timeout=30)
+            assert info.limits["frontends"] == 2 and info.limits["max_batch"] == MAX_BATCH
         alone = synthesize(tts_pb2_grpc.SpeechSynthesizerStub(first), TEXT, seed=42).audio
         steps = "voiceagent_tts_step_requests_count"
         single = "voiceagent_tts_step_requests_bucket"

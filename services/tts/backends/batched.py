@@ -83,6 +83,7 @@ class BatchedBackend:
         self._limits = {
             "max_batch": config.max_batch,
             "max_queue": config.max_queue,
+            "frontends": config.frontends,  # gRPC processes on this engine (the pod's; each reports the same)
             "max_text_chars": config.max_text_chars,
             "threads_per_worker": config.threads_per_worker,
         }
