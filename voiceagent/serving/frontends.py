@@ -292,6 +292,13 @@ class Supervisor:
         print(f"{self.name}: stopped", flush=True)
 
 
+def run_pod(name: str, config: ServingConfig, count: int, launcher: EngineLauncher, build: ServiceFactory,
+            dtype: str) -> None:  # fmt: skip
+    """Entry point of `python -m services.<name> --frontends N` (N > 1): the supervisor, logging as a service does."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(supervise(name, config, count, launcher, build, dtype))
+
+
 async def supervise(name: str, config: ServingConfig, count: int, launcher: EngineLauncher, build: ServiceFactory,
                     dtype: str) -> None:  # fmt: skip
     """Run `count` front ends of one engine until SIGTERM or SIGINT (or a death), then stop them all."""

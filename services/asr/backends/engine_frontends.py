@@ -12,8 +12,6 @@ none refuses while the pod has room; Recognize calls count against `--max-offlin
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import socket
 from typing import Any
 
@@ -21,9 +19,7 @@ from services.asr.backends.engine_process import EngineProcess, _engine_main
 from services.asr.config import AsrConfig
 from services.asr.servicer import AsrService
 from voiceagent.serving.admission import Admission, shared_counter
-from voiceagent.serving.frontends import SpawnedEngine, supervise
-
-log = logging.getLogger(__name__)
+from voiceagent.serving.frontends import SpawnedEngine, run_pod
 
 
 class AsrEngineLauncher(SpawnedEngine):
@@ -52,5 +48,4 @@ def frontend_service(config: AsrConfig, handle: tuple[socket.socket, Any], index
 
 def serve_frontends(config: AsrConfig) -> None:
     """Entry point of `python -m services.asr --frontends N` (N > 1)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(supervise("asr", config, config.frontends, AsrEngineLauncher(config), frontend_service, config.dtype))
+    run_pod("asr", config, config.frontends, AsrEngineLauncher(config), frontend_service, config.dtype)

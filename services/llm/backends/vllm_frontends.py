@@ -12,7 +12,6 @@ older ones (the H200 route's 0.26) hand over addresses that each client binds. B
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import inspect
@@ -24,7 +23,7 @@ from services.llm.backends.vllm import VllmGenerator, engine_args, stage_model_d
 from services.llm.config import LlmConfig
 from services.llm.servicer import LlmService
 from voiceagent.serving.admission import Admission, shared_counter
-from voiceagent.serving.frontends import supervise
+from voiceagent.serving.frontends import run_pod
 from voiceagent.serving.lifeline import children_die_with_us
 
 log = logging.getLogger(__name__)
@@ -150,6 +149,4 @@ def frontend_service(config: LlmConfig, attachment: EngineAttachment, index: int
 
 def serve_frontends(config: LlmConfig) -> None:
     """Entry point of `python -m services.llm --frontends N` (N > 1)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    launcher = VllmEngineCore(config)
-    asyncio.run(supervise("llm", config, config.frontends, launcher, frontend_service, config.resolved_dtype))
+    run_pod("llm", config, config.frontends, VllmEngineCore(config), frontend_service, config.resolved_dtype)

@@ -182,8 +182,7 @@ class BatchedBackend:
 
     def _record_step(self, step: Stepped) -> None:
         self.metrics.batch_requests.observe(step.requests)
-        busy = self.pod.held if self.pod is not None else self.in_flight  # the pod's steps come to front end 0
-        self.metrics.step_batch.set(step.requests if busy else 0)  # a step reported after the last left
+        self.metrics.step_batch.set(step.requests if self._busy else 0)  # a step reported after the last left
         self.metrics.step_seconds.observe(step.seconds)
         if step.prefill_seconds:
             self.metrics.prefill_seconds.observe(step.prefill_seconds)
@@ -192,14 +191,39 @@ class BatchedBackend:
         self.work.record_work(step.flops, step.read_bytes)
 
     # -- requests ----------------------------------------------------------------------------------------
+    @property
+    def _busy(self) -> int:
+        """Requests holding a place: this process's, or the pod's (its steps come to front end 0)."""
+        return self.pod.held if self.pod is not None else self.in_flight
+
     @contextlib.asynccontextmanager
     async def _slot(self):
         """One of the engine's slots, waiting in line for it; QueueFull when `max_queue` already wait. In a pod of
         front ends, a place among the pod's `max_batch + max_queue` (the engine queues past its slots)."""
-        if self.pod is not None:
-            async with self._pod_place():
-                yield 0.0
-            return
+        queue_s = await (self._pod_place() if self.pod is not None else self._wait_for_slot())
+        self.in_flight += 1
+        self.metrics.busy_workers.set(self.in_flight)
+        try:
+            yield queue_s
+        finally:
+            self.in_flight -= 1
+            self.metrics.busy_workers.set(self.in_flight)
+            if self.pod is not None:
+                self.pod.leave()
+            else:
+                self.slots.release()
+            if not self._busy:
+                self.metrics.step_batch.set(0)  # at rest: no step advances anyone
+
+    async def _pod_place(self) -> float:
+        if not self.pod.try_enter():
+            raise QueueFull(
+                f"all {self.config.max_batch} batch slots busy and {self.config.max_queue} requests queued "
+                f"(max_queue) in the pod's {self.config.frontends} front ends"
+            )
+        return 0.0  # a wait for a slot happens in the engine
+
+    async def _wait_for_slot(self) -> float:
         if self.in_flight >= self.config.max_batch and self.waiting >= self.config.max_queue:
             raise QueueFull(
                 f"all {self.config.max_batch} batch slots busy and {self.waiting} requests queued (max_queue)"
@@ -214,34 +238,7 @@ class BatchedBackend:
             self.metrics.queued_requests.set(self.waiting)
         queue_s = time.perf_counter() - started
         self.metrics.queue_seconds.observe(queue_s)
-        self.in_flight += 1
-        self.metrics.busy_workers.set(self.in_flight)
-        try:
-            yield queue_s
-        finally:
-            self.in_flight -= 1
-            self.metrics.busy_workers.set(self.in_flight)
-            if not self.in_flight:
-                self.metrics.step_batch.set(0)  # at rest: no step advances anyone
-            self.slots.release()
-
-    @contextlib.asynccontextmanager
-    async def _pod_place(self):
-        if not self.pod.try_enter():
-            raise QueueFull(
-                f"all {self.config.max_batch} batch slots busy and {self.config.max_queue} requests queued "
-                f"(max_queue) in the pod's {self.config.frontends} front ends"
-            )
-        self.in_flight += 1
-        self.metrics.busy_workers.set(self.in_flight)
-        try:
-            yield
-        finally:
-            self.in_flight -= 1
-            self.metrics.busy_workers.set(self.in_flight)
-            self.pod.leave()
-            if not self.pod.held:
-                self.metrics.step_batch.set(0)  # the pod at rest: no step advances anyone
+        return queue_s
 
     async def synthesize(self, request: SynthesisRequest) -> AsyncIterator[AudioPiece]:
         """The request's audio, patch by patch. Its engine work runs in a task of its own that holds the slot

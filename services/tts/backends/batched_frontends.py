@@ -14,8 +14,6 @@ against one counter of `max_batch + max_queue` shared by the pod; the engine que
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import socket
 from typing import Any
 
@@ -24,9 +22,7 @@ from services.tts.backends.batched_engine import engine_main
 from services.tts.config import TtsConfig
 from services.tts.servicer import TtsService
 from voiceagent.serving.admission import Admission, shared_counter
-from voiceagent.serving.frontends import SpawnedEngine, supervise
-
-log = logging.getLogger(__name__)
+from voiceagent.serving.frontends import SpawnedEngine, run_pod
 
 
 class TtsEngineLauncher(SpawnedEngine):
@@ -53,7 +49,4 @@ def frontend_service(config: TtsConfig, handle: tuple[socket.socket, Any], index
 
 def serve_frontends(config: TtsConfig) -> None:
     """Entry point of `python -m services.tts --frontends N` (N > 1)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(
-        supervise("tts", config, config.frontends, TtsEngineLauncher(config), frontend_service, config.resolved_dtype)
-    )
+    run_pod("tts", config, config.frontends, TtsEngineLauncher(config), frontend_service, config.resolved_dtype)
