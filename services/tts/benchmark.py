@@ -559,7 +559,7 @@ def main() -> None:
     print("\n".join(deliveries))
     print("\nclients' self-check per service level (batched, then pool)")
     print("\n".join(checks))
-    print(f"load average now {os.getloadavg()[0]:.1f} (2 cores)")
+    print(f"load average now {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
     medians = {}
     for concurrency in levels:
         for row in rows[concurrency]:
