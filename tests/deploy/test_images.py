@@ -39,6 +39,16 @@ def test_there_is_an_image_per_service_and_one_for_the_load_generator_all_on_the
     assert any("requirements/runtime.txt" in args for _, args in stage("runtime"))
 
 
+def test_cuda_images_carry_the_c_compiler_triton_builds_its_launcher_with():
+    """Triton compiles its CUDA launcher (driver.c) at run time: a CUDA image without a C compiler cannot start vLLM's
+    compiled engine ("Failed to find C compiler") nor compile the TTS step. CPU images need none."""
+    installs = [args for op, args in stage("runtime") if op == "RUN" and "apt-get install" in args]
+    assert any(
+        args.startswith('if [ "$DEVICE" = "cuda" ]; then') and re.search(r"\sgcc=\S+", args) and "libc6-dev=" in args
+        for args in installs
+    ), installs
+
+
 # The compose test's own images: the local stand-in for python:3.11-slim and Prometheus from Debian.
 LOCAL_IMAGES = [DEPLOY / "base-image" / "Dockerfile", DEPLOY / "monitoring" / "prometheus" / "Dockerfile"]
 
