@@ -11,7 +11,7 @@ With --variants, first the speed-ups of BatchedVoxCPM applied one after another 
 served at the largest batch after capturing its graph again: base (cuDNN benchmark mode), fold (weight norm
 folded), compile (LocDiT estimator compiled), compile-math, -flash, -efficient, -cudnn (compiled, attention held to
 that kernel), compile-lms,
-compile-vae (those parts compiled too), vae-bf16 (the VAE in bf16). A variant that fails is reported and undone;
+compile-lm-glue, compile-vae (those parts compiled too), vae-bf16 (the VAE in bf16). A variant that fails is reported and undone;
 then a) to c) run on what stands.
 `python3 results/h200/tts_profile.py --batch 128,16`; on a CPU: `--device cpu --preset tiny --batch 4`.
 """

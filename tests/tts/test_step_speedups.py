@@ -6,6 +6,7 @@ generate does, prefill included, is tests/tts/test_synthesis.py's first test.)""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import grpc
 import numpy as np
@@ -70,6 +71,18 @@ def test_the_compiled_step_gives_the_eager_audio_within_float_rounding(reference
         batched.compile(("encoder",))
     # the service's --solver-attention choices are the kernels compile knows
     assert set(SOLVER_ATTENTIONS) == {"default", *SOLVER_ATTENTION}
+
+
+def test_the_lms_glue_compiled_around_the_eager_cache_writes_gives_the_eager_audio(reference):
+    """ "lm-glue": each layer's norms, projections, RoPE and MLP compiled, its K/V write and attention eager."""
+    batched = engine()
+    batched.compile(("lm-glue",))
+    np.testing.assert_allclose(speak(batched), reference, atol=1e-5)
+    assert isinstance(batched._lm_step, functools.partial), "the LM step does not run the compiled glue"
+    with pytest.raises(ValueError, match="not both"):
+        batched.compile(("lms", "lm-glue"))
+    batched.uncompile()
+    np.testing.assert_array_equal(speak(batched), reference)
 
 
 def test_a_bf16_vae_stays_within_bf16_rounding_of_the_float32_waveform(reference):

@@ -29,6 +29,7 @@ to); without a running profiler a range is a few microseconds of host time, and 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import torch
@@ -51,6 +52,25 @@ SOLVER_ATTENTION = {
 }
 
 
+def _layer_in(layer, x: torch.Tensor, position_emb):
+    """A decoder layer up to its cache write: input norm, q/k/v projections [rows, heads, 1, head_dim], RoPE."""
+    attn, rows = layer.self_attn, x.size(0)
+    hidden = layer.input_layernorm(x)
+    query = attn.q_proj(hidden).view(rows, attn.num_heads, 1, attn.head_dim)
+    key = attn.k_proj(hidden).view(rows, attn.num_key_value_heads, 1, attn.head_dim)
+    value = attn.v_proj(hidden).view(rows, attn.num_key_value_heads, 1, attn.head_dim)
+    if position_emb is not None:
+        query, key = apply_rotary_pos_emb(query, key, *position_emb)
+    return query, key, value
+
+
+def _layer_out(layer, x: torch.Tensor, attended: torch.Tensor, scale: float) -> torch.Tensor:
+    """A decoder layer after its attention: output projection, residual, post-attention norm, MLP, residual."""
+    attn = layer.self_attn
+    x = x + attn.o_proj(attended.reshape(x.size(0), attn.num_heads * attn.head_dim)) * scale
+    return x + layer.mlp(layer.post_attention_layernorm(x)) * scale
+
+
 def _lm_step(
     lm: MiniCPMModel,
     cache: torch.Tensor,
@@ -58,35 +78,30 @@ def _lm_step(
     positions: torch.Tensor,
     x: torch.Tensor,
     length: int,
+    glue=(_layer_in, _layer_out),
 ):
     """One decoder position for each row: `x` [B, hidden] at `positions` [B] of cache rows `slots` [B].
 
     cache: [layers, 2 (k, v), slots, kv_heads, positions, head_dim]. Attention reads the first `length`
-    positions (the longest row's, or the whole cache for a CUDA graph); shorter rows mask the rest.
+    positions (the longest row's, or the whole cache for a CUDA graph); shorter rows mask the rest. `glue` is
+    what runs around each layer's cache write and attention (`BatchedVoxCPM.compile`'s "lm-glue" compiles it).
     """
+    layer_in, layer_out = glue
     mask = (torch.arange(length, device=x.device) <= positions[:, None]).view(-1, 1, 1, length)
     position_emb = None
     if lm.rope_emb is not None:
         cos, sin = lm.rope_emb(positions)
         position_emb = cos[:, None, None, :], sin[:, None, None, :]
-    rows = x.size(0)
     for index, layer in enumerate(lm.layers):
-        attn = layer.self_attn
         scale = layer.scale_depth / math.sqrt(layer.num_hidden_layers) if layer.use_mup else 1.0
-        hidden = layer.input_layernorm(x)
-        query = attn.q_proj(hidden).view(rows, attn.num_heads, 1, attn.head_dim)
-        key = attn.k_proj(hidden).view(rows, attn.num_key_value_heads, 1, attn.head_dim)
-        value = attn.v_proj(hidden).view(rows, attn.num_key_value_heads, 1, attn.head_dim)
-        if position_emb is not None:
-            query, key = apply_rotary_pos_emb(query, key, *position_emb)
+        query, key, value = layer_in(layer, x, position_emb)
         layer_cache = cache[index]
         layer_cache[0, slots, :, positions] = key[:, :, 0]
         layer_cache[1, slots, :, positions] = value[:, :, 0]
         keys = layer_cache[0, :, :, :length].index_select(0, slots)
         values = layer_cache[1, :, :, :length].index_select(0, slots)
         attended = nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
-        x = x + attn.o_proj(attended.reshape(rows, attn.num_heads * attn.head_dim)) * scale
-        x = x + layer.mlp(layer.post_attention_layernorm(x)) * scale
+        x = layer_out(layer, x, attended, scale)
     return lm.norm(x)
 
 
@@ -420,11 +435,16 @@ class BatchedVoxCPM:
         "default": torch's own choice, cuDNN on the H200): the solve attends over 11 positions, where a
         kernel's tiles are mostly empty, so which one wins is measured (results/h200/tts_profile.py --variants;
         "math" runs its products in float32). Meant for CUDA (on a CPU it runs, slowly to compile). The LMs
-        ("lms") trace badly: their in-place cache writes become whole-cache copies.
+        ("lms") trace badly: their in-place cache writes become whole-cache copies (§3e). "lm-glue" compiles
+        only what runs around each layer's cache write and attention (`_layer_in`, `_layer_out`), which stay eager:
+        one compiled graph of each serves every layer of both LMs, the layer being an argument
+        (results/cpu/tts_regional_lm_compile_2026-12-07). Not in COMPILED_PARTS until measured on a GPU.
         """
-        unknown = set(parts) - {"solver", "lms", "vae"}
+        unknown = set(parts) - {"solver", "lms", "lm-glue", "vae"}
         if unknown:
             raise ValueError(f"no such part of the step to compile: {', '.join(sorted(unknown))}")
+        if {"lms", "lm-glue"} <= set(parts):
+            raise ValueError("compile the LMs whole (lms) or their glue (lm-glue), not both")
         if attention != "default" and attention not in SOLVER_ATTENTION:
             raise ValueError(f"no such attention: {attention} (default, {', '.join(SOLVER_ATTENTION)})")
         if self._uncompiled is None:
@@ -435,6 +455,9 @@ class BatchedVoxCPM:
             self.model.feat_decoder.estimator = torch.compile(_AttentionBackends(estimator, backends), fullgraph=True)
         if "lms" in parts:
             self._lm_step = torch.compile(self._uncompiled[1], fullgraph=True)
+        if "lm-glue" in parts:
+            glue = tuple(torch.compile(part, fullgraph=True) for part in (_layer_in, _layer_out))
+            self._lm_step = functools.partial(self._uncompiled[1], glue=glue)
         if "vae" in parts:
             self._vae_decode = torch.compile(self._uncompiled[2])
 
