@@ -10,8 +10,8 @@ graphs per batch bucket), prefills B requests, then per B:
 With --variants, first the speed-ups of BatchedVoxCPM applied one after another (cumulative), each timed as
 served at the largest batch after capturing its graph again: base (cuDNN benchmark mode), fold (weight norm
 folded), compile (LocDiT estimator compiled), compile-math, -flash, -efficient, -cudnn (compiled, attention held to
-that kernel), compile-lms,
-compile-lm-glue, compile-vae (those parts compiled too), vae-bf16 (the VAE in bf16). A variant that fails is reported and undone;
+that kernel), compile-lms, compile-lm-glue,
+compile-vae (those parts compiled too), vae-bf16 (the VAE in bf16). A variant that fails is reported and undone;
 then a) to c) run on what stands.
 `python3 results/h200/tts_profile.py --batch 128,16`; on a CPU: `--device cpu --preset tiny --batch 4`.
 """
