@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from services.tts.backends.batched_engine import EngineSpec, build_engine
-from services.tts.backends.batched_model import SOLVER_ATTENTION, BatchedVoxCPM
+from services.tts.backends.batched_model import SOLVER_ATTENTION, BatchedVoxCPM, _layer_in, _layer_out
 from services.tts.backends.voxcpm import WorkerSpec
 from services.tts.backends.voxcpm_model import build_synthetic
 from services.tts.config import SOLVER_ATTENTIONS, TtsConfig, preset_path
@@ -74,11 +74,12 @@ def test_the_compiled_step_gives_the_eager_audio_within_float_rounding(reference
 
 
 def test_the_lms_glue_compiled_around_the_eager_cache_writes_gives_the_eager_audio(reference):
-    """ "lm-glue": each layer's norms, projections, RoPE and MLP compiled, its K/V write and attention eager."""
+    """The LMs' glue part: each layer's norms, projections, RoPE and MLP compiled, its K/V write and attention eager."""
     batched = engine()
     batched.compile(("lm-glue",))
     np.testing.assert_allclose(speak(batched), reference, atol=1e-5)
     assert isinstance(batched._lm_step, functools.partial), "the LM step does not run the compiled glue"
+    assert batched._lm_step.keywords["glue"] != (_layer_in, _layer_out), "the glue is the eager one"
     with pytest.raises(ValueError, match="not both"):
         batched.compile(("lms", "lm-glue"))
     batched.uncompile()

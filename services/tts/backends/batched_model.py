@@ -437,7 +437,7 @@ class BatchedVoxCPM:
         "math" runs its products in float32). Meant for CUDA (on a CPU it runs, slowly to compile). The LMs
         ("lms") trace badly: their in-place cache writes become whole-cache copies (§3e). "lm-glue" compiles
         only what runs around each layer's cache write and attention (`_layer_in`, `_layer_out`), which stay eager:
-        one compiled graph of each serves every layer of both LMs, the layer being an argument
+        one compiled graph of each serves every layer of an LM, the layer being an argument
         (results/cpu/tts_regional_lm_compile_2026-12-07). Not in COMPILED_PARTS until measured on a GPU.
         """
         unknown = set(parts) - {"solver", "lms", "lm-glue", "vae"}
