@@ -355,6 +355,40 @@ def counters(url: str) -> dict[str, float]:
     return found
 
 
+class CounterTrace:
+    """The service's counters sampled every `every_s` while a level runs (a thread of this process; perf_counter is
+    CLOCK_MONOTONIC, the clients' clock too), so they can be read over the level's steady window alone: the level's
+    totals average in its ramp and its tail, whose steps carry fewer rows and run faster."""
+
+    def __init__(self, url: str, every_s: float = 0.25):
+        self.url, self.every_s = url, every_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.samples.append((time.perf_counter(), counters(self.url)))
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> CounterTrace:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, start: float, end: float) -> tuple[float, dict[str, float], dict[str, float]] | None:
+        """(seconds, counters at the first sample inside [start, end], at the last one), or None with fewer than two
+        samples inside."""
+        inside = [(at, found) for at, found in self.samples if start <= at <= end]
+        if len(inside) < 2:
+            return None
+        return inside[-1][0] - inside[0][0], inside[0][1], inside[-1][1]
+
+
 def step_counters(before: dict[str, float], after: dict[str, float], concurrency: int) -> str:
     grew = {name: after[name] - before[name] for name in after}
     steps = grew["voiceagent_tts_step_requests_count"] or 1
@@ -386,13 +420,22 @@ def grpc_cpu_s(pid: int) -> float:
 
 
 def delivery(
-    level: Level, before: dict[str, float], after: dict[str, float], concurrency: int, patch_s: float, cpu_s: float
+    level: Level,
+    before: dict[str, float],
+    after: dict[str, float],
+    concurrency: int,
+    patch_s: float,
+    cpu_s: float,
+    steady: tuple[float, dict[str, float], dict[str, float]] | None = None,
 ) -> str:
     """How fast a request's audio reached its client against how fast the engine stepped: the engine advances every
     running request by one patch per step, so a client's patches should come one step apart. Per steady-state
     request, (wall - first audio) / (patches - 1); and the gRPC processes' CPU (`cpu_s` over the level, in cores),
     which every patch goes through on its way out (session 24: at C=256 a request's cycle was ~27 steps for 20
-    patches)."""
+    patches). The level's wall over its steps averages in the ramp and the tail (fewer rows, faster steps); `steady`
+    (CounterTrace.between over the level's window) gives the steady state's ms between steps, rows per step and ms
+    per step (launch to done), the step interval a client's patches are to be read against (session 26: 97.7 ms over
+    the level, while the clients heard a patch every 127.6 ms)."""
     steps = (after["voiceagent_tts_step_requests_count"] - before["voiceagent_tts_step_requests_count"]) or 1
     cpu = cpu_s / level.wall_s
     per_patch = [
@@ -401,10 +444,22 @@ def delivery(
         if (patches := round(seconds / patch_s)) > 1
     ]
     spread = f"{percentile(per_patch, 50):>12.1f}{percentile(per_patch, 95):>12.1f}" if per_patch else f"{'-':>24}"
-    return f"{concurrency:>5}{1000 * level.wall_s / steps:>12.1f}{spread}{cpu:>12.2f}"
+    line = f"{concurrency:>5}{1000 * level.wall_s / steps:>12.1f}{spread}{cpu:>12.2f}"
+    stepped = 0.0
+    if steady is not None:
+        seconds, first, last = steady
+        stepped = last["voiceagent_tts_step_requests_count"] - first["voiceagent_tts_step_requests_count"]
+    if not stepped:
+        return line + f"{'-':>14}{'-':>8}{'-':>9}"
+    rows = last["voiceagent_tts_step_requests_sum"] - first["voiceagent_tts_step_requests_sum"]
+    step_s = last["voiceagent_tts_step_seconds_sum"] - first["voiceagent_tts_step_seconds_sum"]
+    return line + f"{1000 * seconds / stepped:>14.1f}{rows / stepped:>8.1f}{1000 * step_s / stepped:>9.1f}"
 
 
-DELIVERY_HEADER = f"{'C':>5}{'step every':>12}{'patch p50':>12}{'patch p95':>12}{'gRPC CPU':>12}"
+DELIVERY_HEADER = (
+    f"{'C':>5}{'step every':>12}{'patch p50':>12}{'patch p95':>12}{'gRPC CPU':>12}"
+    f"{'steady every':>14}{'rows':>8}{'step ms':>9}"
+)
 
 
 def main() -> None:
@@ -501,11 +556,13 @@ def main() -> None:
         patch_s = shape["patch_ms"] / 1000
         for concurrency in levels:
             before, cpu = counters(service.metrics_url), grpc_cpu_s(service.proc.pid)
-            level = service_level(service.address, concurrency, args.requests, args.ramp_s, args.client_processes)
+            with CounterTrace(service.metrics_url) as trace:
+                level = service_level(service.address, concurrency, args.requests, args.ramp_s, args.client_processes)
             rows[concurrency].append(level.row("batched service", concurrency))
             after, cpu = counters(service.metrics_url), grpc_cpu_s(service.proc.pid) - cpu
             steps.append(step_counters(before, after, concurrency))
-            deliveries.append(delivery(level, before, after, concurrency, patch_s, cpu))
+            steady = trace.between(*level.window) if level.window else None
+            deliveries.append(delivery(level, before, after, concurrency, patch_s, cpu, steady))
             checks.append(client_check(level, concurrency, args.client_processes))
             print(rows[concurrency][-1], flush=True)
     if "direct" not in skip:
@@ -553,7 +610,8 @@ def main() -> None:
     print("\n".join(steps))
     print(
         "\nbatched service, delivery per level: ms between steps (level wall / steps), ms per patch as a client heard"
-        " its request (steady state), the gRPC processes' CPU (cores)"
+        " its request (steady state), the gRPC processes' CPU (cores); then, while every client was busy (the"
+        " service's counters sampled every 0.25 s), ms between steps, rows per step and ms per step (launch to done)"
     )
     print(DELIVERY_HEADER)
     print("\n".join(deliveries))

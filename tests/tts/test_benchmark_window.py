@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from services.tts.benchmark import (
+    CounterTrace,
     client_check,
     counters,
     delivery,
@@ -26,16 +27,25 @@ def test_only_chunks_inside_the_window_count():
     assert sustained_rate(chunks, 2.0, 2.0) is None  # a client finished before the last one started hearing audio
 
 
+def test_the_trace_reads_the_counters_between_its_first_and_last_samples_inside_a_window():
+    trace = CounterTrace("http://unused")
+    trace.samples = [(t, {"steps": 10.0 * t}) for t in (0.0, 1.0, 2.0, 3.0, 4.0)]
+    assert trace.between(0.5, 3.5) == (2.0, {"steps": 10.0}, {"steps": 30.0})
+    assert trace.between(0.5, 1.5) is None  # one sample inside: no interval to read
+
+
 def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     args = ["--preset", "tiny", "--backend", "batched", "--max-batch", "4"]
     with running_service("services.tts", venv_python("tts"), args) as service:
         before, cpu = counters(service.metrics_url), grpc_cpu_s(service.proc.pid)
-        level = service_level(service.address, 3, 3)
+        with CounterTrace(service.metrics_url, every_s=0.05) as trace:
+            level = service_level(service.address, 3, 3)
         after, cpu = counters(service.metrics_url), grpc_cpu_s(service.proc.pid) - cpu
         steps = step_counters(before, after, 3).split()
         with grpc.insecure_channel(service.address) as channel:
             info = tts_pb2_grpc.SpeechSynthesizerStub(channel).GetInfo(common_pb2.InfoRequest(), timeout=10)
-        delivered = delivery(level, before, after, 3, info.model.shape["patch_ms"] / 1000, cpu).split()
+        steady = trace.between(*level.window)
+        delivered = delivery(level, before, after, 3, info.model.shape["patch_ms"] / 1000, cpu, steady).split()
         spread = service_level(service.address, 4, 2, ramp_s=0.4, processes=2)
     start, end = level.window
     arrivals = [at for at, _ in level.chunks]
@@ -61,6 +71,12 @@ def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     step_every, patch_p50, grpc_cpu = float(delivered[1]), float(delivered[2]), float(delivered[4])
     assert 0.5 * step_every <= patch_p50 <= 2 * step_every
     assert 0 < grpc_cpu < 2
+    # the steady window's own step interval, rows and step time, from the counters sampled while the level ran: the
+    # samples bracket the window, at most 3 rows (3 clients), a step's launch-to-done time within its interval
+    assert steady is not None and trace.samples[0][0] <= level.window[0] and trace.samples[-1][0] >= level.window[1]
+    steady_every, rows, step_ms = float(delivered[5]), float(delivered[6]), float(delivered[7])
+    assert 0.5 * steady_every <= patch_p50 <= 2 * steady_every
+    assert 1 <= rows <= 3 and 0 < step_ms <= steady_every
     # clients in two processes, ramped: every client's requests come back, the steady-state percentiles count the
     # requests started after the ramp (each client's second), the aggregate counts all of them
     assert len(spread.chunks) > 0 and len(spread.runs) >= 4
