@@ -12,6 +12,9 @@
 #         at max concurrency 1 16 64 256: its TTFT and output tokens/s, beside the service's
 # BENCH_ARGS: more benchmark flags for both engines, e.g. "--max-num-batched-tokens 2048" (the step budget); ROUNDS:
 # alternating rounds per level (default 2; at 256 two rounds of the 8B spread by 40-76 ms, README §4c).
+# PIN_ENGINE=N: every vLLM engine core (a process holding the GPU, as nvidia-smi lists them) on host CPUs 0..N-1 and
+# every other python3 process (the benchmark, its client processes, the service's front ends) on the rest, re-applied
+# every 0.5 s as processes start: does host contention slow the engine core's steps (README §4h)? TAG names the outputs.
 # Targets (issue 18): service >= 97 % of engine-direct tokens/s at every concurrency, TTFT p50 added <= 5 ms at 256.
 set -u
 OUT=${OUT:-/tmp/h200-out}
@@ -37,12 +40,37 @@ setup() {
     chmod +x .venv/llm/bin/python
 }
 
+pin() { # $1 engine cores' CPU count: re-pin every 0.5 s until killed (engine cores appear and go with each stage)
+    local engine=$1 last seen=" "
+    last=$(($(nproc --all) - 1))
+    command -v taskset >/dev/null || { echo "no taskset here: nothing pinned"; return 1; }
+    while sleep 0.5; do
+        local gpu
+        gpu=" $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr '\n' ' ') "
+        for pid in $(pgrep -x python3); do
+            if [[ $gpu == *" $pid "* ]]; then
+                taskset -acp "0-$((engine - 1))" "$pid" >/dev/null 2>&1
+                [[ $seen == *" $pid "* ]] || { seen+="$pid "; echo "engine core $pid: $(taskset -cp "$pid")"; }
+            else
+                taskset -acp "$engine-$last" "$pid" >/dev/null 2>&1
+            fi
+        done
+    done
+}
+
 bench() { # $1 preset, $2 front ends, $3 time limit (s)
-    local preset=$1 frontends=$2 limit=$3
+    local preset=$1 frontends=$2 limit=$3 pinner=
+    if [ -n "${PIN_ENGINE:-}" ]; then
+        pin "$PIN_ENGINE" &
+        pinner=$!
+        echo "engine cores pinned to CPUs 0-$((PIN_ENGINE - 1)), other python3 processes to the rest"
+    fi
+    # shellcheck disable=SC2086 # BENCH_ARGS are words
     timeout -k 10 "$limit" python3 -m services.llm.benchmark --preset "$preset" --device cuda \
         --gpu-memory-utilization 0.4 --max-in-flight 256 --concurrency 1 16 64 256 --rounds "${ROUNDS:-2}" \
         --prompt-tokens 64 --max-tokens 128 --frontends "$frontends" ${BENCH_ARGS:-} 2>&1 |
-        tee "$OUT/llm_frontends_bench_${preset}_fe$frontends.txt"
+        tee "$OUT/llm_frontends_bench_${preset}_fe$frontends${TAG:-}.txt"
+    [ -z "$pinner" ] || kill "$pinner" 2>/dev/null
 }
 
 serve() { # $1 preset, $2 time limit (s): vllm serve --api-server-count 4 and vLLM's own load client
@@ -86,7 +114,7 @@ print(" ".join(flags))')
 }
 
 setup || exit 1
-date -u | tee "$OUT/llm_frontends_env.txt"
+{ date -u; lscpu | grep -E "^(CPU\(s\)|Thread|Core|Socket|NUMA node|Model name)"; } | tee "$OUT/llm_frontends_env.txt"
 for stage in "$@"; do
     echo "== $stage $(date -u +%T)"
     case $stage in

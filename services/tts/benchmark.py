@@ -41,7 +41,7 @@ import time
 import grpc
 
 from services.tts.backends.voxcpm import WorkerSpec, segment_max_len
-from services.tts.config import TtsConfig
+from services.tts.config import COMPILED_PARTS, TtsConfig
 from voiceagent.serving.launcher import child_processes, proc_stat, running_service, scrape_samples, venv_python
 from voiceagent.v1 import common_pb2, tts_pb2, tts_pb2_grpc
 
@@ -55,6 +55,7 @@ PLACEMENT = {
     "cache_positions": 2048,
     "vae_dtype": "float32",
     "solver_attention": "default",
+    "compile_parts": ",".join(COMPILED_PARTS),
     "prefill_graphs": True,
 }
 
@@ -177,6 +178,7 @@ def batched_engine(preset: str, threads: int, max_batch: int, cache_positions: i
         vae_dtype=config.vae_dtype,
         solver_attention=config.solver_attention,
         prefill_graphs=config.prefill_graphs,
+        compile_parts=config.compiled_parts,
     )
     engine, _, _ = build_engine(spec)
     tokens = engine.text_tokens(TEXT)
@@ -229,7 +231,7 @@ def service_args(
         "--threads-per-worker", str(threads), "--max-queue", str(4 * max_batch), "--probe-ceilings", "false",
         "--device", PLACEMENT["device"], "--compile", str(PLACEMENT["compile"]).lower(),
         "--vae-dtype", PLACEMENT["vae_dtype"], "--solver-attention", PLACEMENT["solver_attention"],
-        "--prefill-graphs", str(PLACEMENT["prefill_graphs"]).lower(),
+        "--compile-parts", PLACEMENT["compile_parts"], "--prefill-graphs", str(PLACEMENT["prefill_graphs"]).lower(),
     ]  # fmt: skip
 
 
@@ -379,6 +381,7 @@ class CounterTrace:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+        self.samples.append((time.perf_counter(), counters(self.url)))  # one after the level: the trace spans it
 
     def between(self, start: float, end: float) -> tuple[float, dict[str, float], dict[str, float]] | None:
         """(seconds, counters at the first sample inside [start, end], at the last one), or None with fewer than two
@@ -503,6 +506,9 @@ def main() -> None:
     parser.add_argument("--vae-dtype", default="float32", help="batched: the audio VAE's dtype (float32, bfloat16)")
     parser.add_argument("--solver-attention", default="default", help="batched, compiled: the LocDiT's attention")
     parser.add_argument(
+        "--compile-parts", default=",".join(COMPILED_PARTS), help="batched, compiled: the step's parts (solver,vae,...)"
+    )
+    parser.add_argument(
         "--prefill-graphs",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -517,6 +523,7 @@ def main() -> None:
         cache_positions=args.cache_positions,
         vae_dtype=args.vae_dtype,
         solver_attention=args.solver_attention,
+        compile_parts=args.compile_parts,
         prefill_graphs=args.prefill_graphs,
     )
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -525,8 +532,8 @@ def main() -> None:
     batched_threads = args.batched_threads or args.pool_workers * args.threads
 
     print(
-        f"preset {args.preset} on {args.device}{' compiled' if args.compile else ''} (solver attention "
-        f"{args.solver_attention}), VAE {args.vae_dtype}, "
+        f"preset {args.preset} on {args.device}{f' compiled ({args.compile_parts})' if args.compile else ''} "
+        f"(solver attention {args.solver_attention}), VAE {args.vae_dtype}, "
         f"{args.threads} torch "
         f"thread(s) per model process, text {len(TEXT)} chars, seed {SEED}, {args.requests} requests per client"
         f"{f' (clients ramped over {args.ramp_s:g} s)' if args.ramp_s else ''}; "

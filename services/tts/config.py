@@ -22,6 +22,12 @@ TIMESTEPS_RANGE = (1, 50)
 BACKENDS = ("batched", "pool")
 VAE_DTYPES = ("float32", "bfloat16")
 SOLVER_ATTENTIONS = ("default", "math", "flash", "efficient", "cudnn")
+# Parts of the batched step --compile may compile (BatchedVoxCPM.compile), and those it compiles unless told. Not
+# "lms": traced whole, the LMs' in-place K/V cache writes became a copy of the whole cache per layer (131 ms steps at
+# 128 rows on the H200, against 60; results/h200/README.md §3e); "lm-glue" leaves those writes eager (§3j: -3.4 to
+# -3.8 % per step at 176 and 256 rows on an H100).
+COMPILE_PARTS = ("solver", "vae", "lm-glue", "lms")
+COMPILED_PARTS = ("solver", "vae", "lm-glue")
 CFG_RANGE = (0.0, 10.0)
 
 
@@ -131,6 +137,14 @@ class TtsConfig(ServingConfig):
             "LocDiT solve compiled inside the captured step"
         },
     )
+    compile_parts: str = dataclasses.field(
+        default=",".join(COMPILED_PARTS),
+        metadata={
+            "help": "batched with --compile: the step's parts compiled, comma-separated: solver (the LocDiT solve), "
+            "vae (the audio VAE's decode), lm-glue (each LM layer's norms, projections, RoPE and MLP; the cache "
+            "write and attention stay eager) or lms (the LMs whole: their cache writes become copies, slower)"
+        },
+    )
     phrase_min_chars: int = dataclasses.field(
         default=12, metadata={"help": "text-in streaming: shortest phrase cut at a comma-like boundary"}
     )
@@ -187,7 +201,19 @@ class TtsConfig(ServingConfig):
         require(self.patches_per_char > 0, "patches_per_char", f"must be > 0, got {self.patches_per_char}")
         require(self.max_patches >= 4, "max_patches", f"must be >= 4, got {self.max_patches}")
         require(not self.compile or self.device.startswith("cuda"), "compile", "needs a CUDA device")
+        unknown = [part for part in self.compiled_parts if part not in COMPILE_PARTS]
+        require(not unknown, "compile_parts", f"no such part: {', '.join(unknown)} (one of {', '.join(COMPILE_PARTS)})")
+        require(self.compiled_parts, "compile_parts", "names no part (one or more of " + ", ".join(COMPILE_PARTS) + ")")
+        require(
+            not {"lms", "lm-glue"} <= set(self.compiled_parts),
+            "compile_parts",
+            "compile the LMs whole (lms) or their glue (lm-glue), not both",
+        )
         require(self.phrase_min_chars >= 1, "phrase_min_chars", f"must be >= 1, got {self.phrase_min_chars}")
+
+    @property
+    def compiled_parts(self) -> tuple[str, ...]:
+        return tuple(part.strip() for part in self.compile_parts.split(",") if part.strip())
 
     @property
     def model_source(self) -> Path:

@@ -109,6 +109,14 @@ def test_the_service_speaks_with_a_bf16_vae_and_refuses_other_dtypes(reference):
     with pytest.raises(SystemExit) as refused:
         load_config(TtsConfig, "TTS", ["--vae-dtype", "float16"], {})
     assert "--vae-dtype / TTS_VAE_DTYPE" in str(refused.value)
+    # the compiled parts: by default the solve, the VAE and the LMs' glue; a part compile does not know, none, or the
+    # LMs both whole and by their glue are refused at start-up
+    assert load_config(TtsConfig, "TTS", [], {}).compiled_parts == ("solver", "vae", "lm-glue")
+    assert load_config(TtsConfig, "TTS", [], {"TTS_COMPILE_PARTS": "solver, vae"}).compiled_parts == ("solver", "vae")
+    refusals = (("solver,encoder", "no such part: encoder"), (",", "names no part"), ("lms,lm-glue", "not both"))
+    for parts, why in refusals:
+        with pytest.raises(SystemExit, match=why):
+            load_config(TtsConfig, "TTS", ["--compile-parts", parts], {})
 
 
 class _NoCompiler(torch.nn.Module):
@@ -123,7 +131,7 @@ def test_an_engine_whose_compiled_step_fails_serves_it_uncompiled(monkeypatch, r
     monkeypatch.setattr(torch, "compile", lambda *args, **kwargs: compiled.append(args) or _NoCompiler())
     model = dataclasses.replace(WorkerSpec.from_config(TtsConfig(preset="tiny")), compile=True)
     engine_, _, payload = build_engine(EngineSpec(model, ROWS + 1, 128))
-    assert len(compiled) == 2  # the solver and the VAE (batched_engine.COMPILED_PARTS)
+    assert len(compiled) == 4  # the solver, the VAE and the LMs' two glue functions (config.COMPILED_PARTS)
     assert not engine_.compiled and payload["shape"]["solver_compiled"] == 0
     np.testing.assert_array_equal(speak(engine_), reference)  # the fold is exact, the rest is the eager step
 

@@ -66,6 +66,7 @@ def engine_spec(config: TtsConfig) -> EngineSpec:
         config.vae_dtype,
         config.solver_attention,
         config.prefill_graphs,
+        config.compiled_parts,
     )
 
 

@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from services.tts.backends.voxcpm import WorkerSpec
+from services.tts.config import COMPILED_PARTS
 from voiceagent.serving.channel import Channel
 from voiceagent.serving.device_fault import end_process_after
 
@@ -45,11 +46,9 @@ class EngineSpec:
     vae_dtype: str = "float32"  # the audio VAE's decode: float32 as VoxCPM2 runs it, or bfloat16
     solver_attention: str = "default"  # with compile: the attention kernels of the LocDiT solve
     prefill_graphs: bool = False  # CUDA: capture the prefill per (rows, tokens) bucket too (PREFILL_ROWS, _TOKENS)
+    compile_parts: tuple[str, ...] = COMPILED_PARTS  # with the model's compile: the step's parts compiled
 
 
-# What --compile compiles of the batched step (BatchedVoxCPM.compile). Not the LMs: traced, their in-place K/V
-# cache writes became a copy of the whole cache per layer (131 ms steps at 128 rows on the H200, against 60).
-COMPILED_PARTS = ("solver", "vae")
 BUCKET_STRIDE = 32  # graph buckets past 64 rows: a step's cost grows with its rows, padding is paid in full
 # prefill graph buckets: segments joining together, and their text tokens (+ the audio-start token); a 49-character
 # sentence is ~15 tokens; a prefill past the largest bucket runs eagerly
@@ -436,7 +435,7 @@ def build_engine(spec: EngineSpec):
     if spec.vae_dtype != "float32":
         engine.set_vae_dtype(getattr(torch, spec.vae_dtype))
     if spec.model.compile:  # CUDA only (TtsConfig.validate); compiled as the warm-up and the capture run it
-        engine.compile(COMPILED_PARTS, spec.solver_attention)
+        engine.compile(spec.compile_parts, spec.solver_attention)
 
     def warm_up() -> None:  # first calls allocate (and compile)
         for rows in sorted({1, spec.max_batch}):

@@ -40,6 +40,7 @@ from voxcpm.model.voxcpm2 import VoxCPM2Model
 from voxcpm.modules.audiovae.audio_vae_v2 import CausalConv1d, CausalTransposeConv1d
 from voxcpm.modules.minicpm4.model import MiniCPMModel, apply_rotary_pos_emb
 
+from services.tts.config import COMPILE_PARTS
 from services.tts.context import BADCASE_EXTRA, BADCASE_RATIO
 
 MIN_PATCHES = 2  # VoxCPM2's min_len: the stop head is not obeyed before patch 3
@@ -438,9 +439,9 @@ class BatchedVoxCPM:
         ("lms") trace badly: their in-place cache writes become whole-cache copies (§3e). "lm-glue" compiles
         only what runs around each layer's cache write and attention (`_layer_in`, `_layer_out`), which stay eager:
         one compiled graph of each serves every layer of an LM, the layer being an argument
-        (results/cpu/tts_regional_lm_compile_2026-12-07). Not in COMPILED_PARTS until measured on a GPU.
-        """
-        unknown = set(parts) - {"solver", "lms", "lm-glue", "vae"}
+        (results/cpu/tts_regional_lm_compile_2026-12-07); on an H100 it took 3.4-3.8 % off the step served at 176
+        and 256 rows (results/h200/README.md §3j), so --compile compiles it (config.COMPILED_PARTS)."""
+        unknown = set(parts) - set(COMPILE_PARTS)
         if unknown:
             raise ValueError(f"no such part of the step to compile: {', '.join(sorted(unknown))}")
         if {"lms", "lm-glue"} <= set(parts):
