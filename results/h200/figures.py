@@ -541,6 +541,72 @@ def tts_session24_figures() -> dict:
     return {"device": "H100 80GB HBM3", "preset": "voxcpm2", "levels": levels}
 
 
+TTS_DELIVERY = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", re.M)
+
+
+def tts_session26_figures() -> dict:
+    """Issue 16, session 26, on an H100 (tree 7fc26b1): the batched service at C = 256, 320 (and 384) with four gRPC
+    front ends and with one, one machine, with the delivery table (ms between steps over the level, ms per patch as a
+    client heard it, the gRPC processes' CPU); and the step as served at 176 and 256 rows, speed-ups applied one after
+    another (the LMs' glue compiled by region last)."""
+    folder = RAW / "tts_session26"
+    levels = []
+    for name, frontends in (("tts_batched_fe4.txt", 4), ("tts_batched_fe1.txt", 1)):
+        text = (folder / name).read_text()
+        table = text[text.rfind("fa = first audio") :]
+        counters = {int(r[0]): r for r in TTS_COUNTERS_SLOT.findall(table[table.find("its own counters") :])}
+        delivery = {int(r[0]): r for r in TTS_DELIVERY.findall(table[table.find("delivery per level") :])}
+        for c, _, fa50, fa95, rtf50, rtf95, audio, sustained in TTS_BATCHED_ROW.findall(table):
+            _, count, per_step, step_ms, _, hidden, first_at, slot_ms, service_fa = counters[int(c)]
+            _, every, patch50, patch95, cpu = delivery[int(c)]
+            levels.append({"concurrency": int(c), "code": "7fc26b1", "frontends": frontends,
+                           "first_audio_ms_p50": float(fa50), "first_audio_ms_p95": float(fa95),
+                           "rtf_p50": float(rtf50), "rtf_p95": float(rtf95), "audio_s_per_s": float(audio),
+                           "sustained_audio_s_per_s": float(sustained), "steps": int(count),
+                           "requests_per_step": float(per_step), "step_ms": float(step_ms),
+                           "hidden_prefill_ms_per_step": float(hidden), "first_patch_at_step": float(first_at),
+                           "slot_wait_ms_mean": float(slot_ms), "service_first_audio_ms_mean": float(service_fa),
+                           "ms_between_steps_over_level": float(every), "ms_per_patch_heard_p50": float(patch50),
+                           "ms_per_patch_heard_p95": float(patch95), "grpc_cpu_cores": float(cpu),
+                           "source": (folder / name).relative_to(RAW).as_posix()})  # fmt: skip
+    sweeps = {}
+    for rows in (176, 256):
+        path = folder / f"tts_profile_b{rows}.txt"
+        variants = [{"variant": name, "step_ms": float(ms), "audio_s_per_s": float(rate)}
+                    for name, ms, rate, _ in TTS_VARIANT.findall(path.read_text()) if ms]  # fmt: skip
+        sweeps[str(rows)] = {"source": path.relative_to(RAW).as_posix(), "rows": rows, "cumulative": variants}
+    return {"device": "H100 80GB HBM3", "preset": "voxcpm2", "levels": levels, "step_sweeps": sweeps}
+
+
+ASR_TEST_PAIR_SPREAD = re.compile(  # session 26's test output: the spread between two streams after the difference
+    r"(?:^|\] )(\d+) ms, (\S+) vs (\S+): max \|encoder difference\| (\S+) \(two streams differ by (\S+)\), "
+    r"transcripts equal (\w+)",
+    re.M,
+)
+ASR_TEST_PADDED = re.compile(
+    r"(?:^|\] )(\d+) ms, (\S+) vs (\S+), stream (\d+): (\d+) of (\d+) steps in the same buckets .*?, "
+    r"max \|encoder difference\| there (\S+)$",
+    re.M,
+)
+
+
+def asr_session26_figures() -> dict:
+    """Issue 17, session 26, on an H100 (tree 7fc26b1): the GPU tests (tests/asr/test_cuda_graphs.py), all passed."""
+    tests = RAW / "asr_session26" / "asr_cuda_graph_tests.txt"
+    text = tests.read_text()
+    pairs = [{"chunk_ms": int(c), "one": one, "other": other, "max_encoder_difference": float(d),
+              "streams_differ_by": float(spread), "transcripts_equal": equal == "True"}
+             for c, one, other, d, spread, equal in ASR_TEST_PAIR_SPREAD.findall(text)]  # fmt: skip
+    padded = [{"chunk_ms": int(c), "one": one, "other": other, "stream": int(stream), "same_bucket_steps": int(same),
+               "steps": int(steps), "max_encoder_difference_there": float(d)}
+              for c, one, other, stream, same, steps, d in ASR_TEST_PADDED.findall(text)]  # fmt: skip
+    summary = re.search(r"=+ (\d+) passed(?:, (\d+) failed)? in", text)
+    return {"device": "H100 80GB HBM3", "code": "7fc26b1", "source": tests.relative_to(RAW).as_posix(),
+            "passed": int(summary.group(1)) if summary else 0,
+            "failed": int(summary.group(2) or 0) if summary else None, "pairs": pairs,
+            "padded_vs_unpadded": padded}  # fmt: skip
+
+
 ASR_STEP = re.compile(
     r"^bucket\s+(\d+) rows\s+(\d+): max \|graph - eager\| encoder (\S+), state (\S+), tokens equal (\w+)"
     r".*?(?:; step ([\d.]+) ms graph vs ([\d.]+) ms eager)?$",
@@ -682,12 +748,25 @@ def _llm_bench(path: Path) -> tuple[str, dict]:
             "front_end_cpu_us_per_token": int(cpu),
             "ttft_in_grpc_servicer_p50_ms": float(servicer) if servicer else None,
         }
+    for concurrency, number, name, tokens, ttft, decode, core in LLM_ROUND.findall(text):
+        level = levels.setdefault(int(concurrency), {"concurrency": int(concurrency)})
+        level.setdefault("rounds", []).append({
+            "round": int(number), "path": name, "tokens_per_s": float(tokens), "ttft_p50_ms": float(ttft),
+            "decode_p50_ms": float(decode), "engine_core_decode_p50_ms": float(core) if core else None,
+        })  # fmt: skip
     frontends = LLM_FRONTENDS.search(text)
     return LLM_PRESET.search(text).group(1), {
         "source": path.relative_to(RAW).as_posix(),
         "frontends": int(frontends.group(1)) if frontends else 1,
         "levels": sorted(levels.values(), key=lambda lv: lv["concurrency"]),
     }
+
+
+LLM_ROUND = re.compile(  # a round's line (session 24 on: "(… in the engine core)" since the engine's own timings)
+    r"^  concurrency (\d+) round (\d+) (engine-direct|grpc-service)\s+([\d.]+) tokens/s, TTFT p50\s+([\d.]+) ms, "
+    r"decode p50\s+([\d.]+) ms.*?(?:\(([\d.]+) in the engine core\))?, client",
+    re.M,
+)
 
 
 def llm_figures() -> dict:
@@ -714,7 +793,7 @@ def llm_frontends_figures() -> dict:
     figures = {}
     # session 10's runs, then session 11's (s11_*: both engines on one step budget, named in the file)
     paths = sorted(folder.glob("llm_frontends_bench_*.txt")) + sorted(folder.glob("s1[178]_*_bench_*.txt"))
-    for path in paths + sorted(folder.glob("s24_*_bench_*.txt")):
+    for path in paths + sorted(folder.glob("s2[46]_*_bench_*.txt")):
         preset, bench = _llm_bench(path)
         budget = re.search(r"_budget(\d+)", path.name)
         bench["step_budget_tokens"] = int(budget.group(1)) if budget else None
@@ -722,7 +801,7 @@ def llm_frontends_figures() -> dict:
         if path.name.startswith("s17_"):  # 6 rounds at 64 and 256, the default budget (8,192), on an H100
             bench["step_budget_tokens"] = 8192
             session = " 6 rounds at 64 and 256 (session 17, H100)"
-        if path.name.startswith(("s18_", "s24_")):  # --client-processes 4, the default budget (8,192), on an H100
+        if path.name.startswith(("s18_", "s24_", "s26_")):  # --client-processes 4, budget 8,192, on an H100
             bench["step_budget_tokens"] = 8192
             bench["client_processes"] = 4
             session = f" 4 client processes (session {path.name[1:3]}, H100)"
@@ -956,6 +1035,7 @@ def main() -> None:
         "asr_session19": asr_session19_figures(),
         "asr_session23": asr_session23_figures(),
         "asr_session24": asr_session24_figures(),
+        "asr_session26": asr_session26_figures(),
         "tts": tts_figures(),
         "tts_batched": tts_batched_figures(),
         "tts_profile": tts_profile_figures(),
@@ -963,6 +1043,7 @@ def main() -> None:
         "tts_joins": tts_join_figures(),
         "tts_session23": tts_session23_figures(),
         "tts_session24": tts_session24_figures(),
+        "tts_session26": tts_session26_figures(),
         "llm": llm_figures(),
         "llm_frontends": llm_frontends_figures(),
         "main_job": main_job_figures(),
