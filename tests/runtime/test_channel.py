@@ -63,3 +63,44 @@ def test_a_frame_carries_every_message_sent_in_one_loop_turn():
 
     frame = asyncio.run(scenario())
     assert [message[1] for message in frame] == list(range(64))
+
+
+def test_arrays_arrive_equal_and_writable_and_a_large_frame_whole_before_the_close():
+    """A step's worth of audio (256 patches of 7,680 float32 samples, 7.9 MB: more than a socket buffer holds) goes out
+    of band from a sender thread; it arrives equal, the receiver may write to it, close() sends it before the end."""
+    import numpy as np
+
+    async def scenario():
+        sender, receiver = await _pair()
+        audio = np.arange(256 * 7680, dtype=np.float32).reshape(256, 7680)
+        sender.send(("patches", audio, tuple(range(256))))
+        sender.send(("column", audio[:, 3]))  # a strided view: pickled as a copy
+        await sender.close()
+        frames = []
+        while (frame := await receiver.receive()) is not None:
+            frames += frame
+        await receiver.close()
+        return audio, frames
+
+    audio, frames = asyncio.run(scenario())
+    (name, received, rows), (_, column) = frames
+    assert name == "patches" and rows == tuple(range(256))
+    np.testing.assert_array_equal(received, audio)
+    np.testing.assert_array_equal(column, audio[:, 3])
+    received[0, 0] = -1.0  # writable: backed by the frame the receiver read
+    assert received[0, 0] == -1.0
+
+
+def test_a_channel_whose_other_end_is_gone_drops_its_sends_and_closes():
+    import numpy as np
+
+    async def scenario():
+        sender, receiver = await _pair()
+        await receiver.close()
+        for _ in range(8):
+            sender.send(("patches", np.zeros((256, 7680), dtype=np.float32)))  # more than the socket holds
+            await asyncio.sleep(0)
+        await asyncio.wait_for(sender.close(), 30)
+        assert not sender.sender.is_alive()
+
+    asyncio.run(scenario())
