@@ -167,6 +167,7 @@ class _Request:
     queued_at_step: int = 0  # the engine's step count when the segment's text was ready to prefill
     left: bool = False
     prefilling: bool = False  # in a prefill pass now (beside a step: neither waiting nor running meanwhile)
+    noise: object = None  # its next patch's noise, drawn from its generator while the device ran its last step
 
 
 class _Scheduler:
@@ -268,13 +269,13 @@ class _Scheduler:
                 self.wake.clear()
                 await self.wake.wait()  # also woken when a pass beside the steps is done
                 continue
-            batch = [r for r in self.running if not r.left]
+            batch = self._batch()
             started = time.perf_counter()
             if not batch or not self.beside:  # the step follows this prefill: the running requests wait for it
                 if self.prefilling is not None:
                     await self.prefilling
                 await self._prefill(self._admit())
-                batch = [r for r in self.running if not r.left]
+                batch = self._batch()
             prefill_s = time.perf_counter() - started
             if not batch:
                 if self.waiting and not self.free_slots:
@@ -282,6 +283,11 @@ class _Scheduler:
                     await self.wake.wait()  # every slot is held by a request between segments
                 continue
             await self._step(batch, prefill_s)
+
+    def _batch(self) -> list[_Request]:
+        """The next step's requests, grouped by front end (stable): each front end's rows of the step's audio are
+        then one contiguous slice, sent without a copy (voiceagent/serving/channel.py)."""
+        return sorted((r for r in self.running if not r.left), key=lambda r: r.channel)
 
     @property
     def beside(self) -> bool:
@@ -363,12 +369,14 @@ class _Scheduler:
 
         slots = [r.slot for r in batch]
         timesteps = [r.join.timesteps for r in batch]
-        noise = torch.stack([self.engine.noise(r.generator) for r in batch])
+        noise = torch.stack([r.noise if r.noise is not None else self.engine.noise(r.generator) for r in batch])
         started = time.perf_counter()
         try:
             pending = await asyncio.to_thread(
                 self.engine.launch, slots, timesteps, [r.join.cfg_value for r in batch], noise
             )
+            for request in batch:  # the next patch's noise while the device runs this one (~10 us a row on the host);
+                request.noise = self.engine.noise(request.generator)  # its draws stay in order, whatever the batch
             await self._prefill_while_stepping(pending)
             audio, stops = pending.result()  # ready: waited for above, or done at launch
         except Exception as exc:  # reported to every request of the step; the engine lives on
@@ -399,7 +407,9 @@ class _Scheduler:
                 done.append(request)
         audio = audio.numpy() if rows else audio
         for channel, (mine, entries) in rows.items():  # a request's patch goes before its SegmentDone
-            self.channels[channel].send(Patches(audio if len(mine) == len(batch) else audio[mine], tuple(entries)))
+            together = mine[-1] - mine[0] + 1 == len(mine)  # the batch is grouped by channel: a slice, unless one left
+            rows_audio = audio[mine[0] : mine[-1] + 1] if together else audio[mine]
+            self.channels[channel].send(Patches(rows_audio, tuple(entries)))
         for request in done:
             self.running.remove(request)
             self._send(request, SegmentDone(request.join.request_id, request.segment_index, request.patches))
