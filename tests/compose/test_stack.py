@@ -267,11 +267,14 @@ def capacity(results: dict) -> dict:
 
 
 def mean_capacity(first: dict, second: dict) -> dict:
-    """Two capacity() records of the same sweep averaged level by level; the knee is where both runs placed it,
-    else the level with the best mean."""
-    levels = {c: round((first["levels"][c] + second["levels"][c]) / 2, 3) for c in first["levels"]}
+    """Two capacity() records of the same sweep averaged level by level, over the levels both measured (a sweep
+    stops early once a level is past the service: at 0.4 of a core one run reached C=8 and the next stopped before
+    it); the knee is where both runs placed it, else the level with the best mean."""
+    both = [c for c in first["levels"] if c in second["levels"]]
+    levels = {c: round((first["levels"][c] + second["levels"][c]) / 2, 3) for c in both}
     best = max(levels, key=levels.__getitem__)
-    knee = first["knee_concurrency"] if first["knee_concurrency"] == second["knee_concurrency"] else best
+    same = first["knee_concurrency"] == second["knee_concurrency"] and first["knee_concurrency"] in levels
+    knee = first["knee_concurrency"] if same else best
     return {"knee_concurrency": knee, "knee_audio_s_per_s": levels[knee], "best_audio_s_per_s": levels[best],
             "levels": levels, "errors": first["errors"] + second["errors"]}  # fmt: skip
 
