@@ -9,10 +9,10 @@ A frame is pickled with protocol 5, its arrays' memory kept out of band: the eve
 structure and hands the frame, with views of the arrays' memory, to a sender thread, which writes it to the socket
 (the GIL released while the kernel copies). Before, the loop pickled the arrays into the frame, concatenated it with
 its length and wrote it through asyncio's transport, which buffered what the socket did not take at once: a TTS step of
-256 patches (7.9 MB) cost the engine's loop 25-48 ms on this project's CPUs, during which it could not launch the next
-step; so, 4-8 ms (results/cpu/tts_step_host_2026-12-07). An array is sent from its own memory after `send` returns:
-the sender must not write to it afterwards (every sender here sends arrays it made for the message). The receiver
-gets writable arrays, backed by the frame it read.
+256 patches (7.9 MB) cost the engine's loop 22-63 ms on this project's CPUs, during which it could not launch the next
+step; so, 8-11 ms, all of the engine's host work included (results/cpu/tts_step_host_2026-12-07). An array is sent
+from its own memory after `send` returns: the sender must not write to it afterwards (every sender here sends arrays
+it made for the message). The receiver gets writable arrays, backed by the frame it read.
 """
 
 from __future__ import annotations
