@@ -64,3 +64,12 @@ def test_the_openai_backend_needs_no_model_and_probes_no_ceilings():
     config = load_config(LlmConfig, "LLM", [], environ={"LLM_BACKEND": "openai", "LLM_UPSTREAM_URL": "http://h/v1"})
     assert config.remote and config.probe_ceilings is False  # the upstream's device is not this machine's
     assert LlmConfig().probe_ceilings is True and not LlmConfig().remote
+
+
+@pytest.mark.parametrize(("prompt", "first", "last"), [(64, 2, 2), (64, 2, 128), (7, 5, 9), (0, 2, 3), (10, 4, 3)])
+def test_decode_work_in_closed_form_equals_the_sum_of_its_steps(prompt, first, last):
+    shape = ModelShape.from_hf_config(json.loads((PRESETS / "qwen3-0.6b" / "config.json").read_text()), 2, 2)
+    steps = [shape._tokens_work(1, prompt + number - 2, 1) for number in range(first, last + 1)]
+    work = shape.decode_work(prompt, first, last)
+    assert work.flops == sum(step.flops for step in steps)
+    assert work.read_bytes == sum(step.read_bytes for step in steps)
