@@ -458,6 +458,26 @@ TTS_COUNTERS_FIRST_AT = re.compile(  # the counters with the "1st at" column (16
 )
 
 
+def _tts_level(row: tuple, code: str, **run) -> dict:
+    """A row of bench-tts's batched table (TTS_BATCHED_ROW): what the clients measured at one concurrency (`run`: how
+    the service ran, e.g. frontends=4)."""
+    c, _, fa50, fa95, rtf50, rtf95, audio, sustained = row
+    return {"concurrency": int(c), "code": code, **run, "first_audio_ms_p50": float(fa50),
+            "first_audio_ms_p95": float(fa95), "rtf_p50": float(rtf50), "rtf_p95": float(rtf95),
+            "audio_s_per_s": float(audio), "sustained_audio_s_per_s": float(sustained)}  # fmt: skip
+
+
+def _tts_counters(row: tuple) -> dict:
+    """The engine's own counters at one concurrency (TTS_COUNTERS_FIRST_AT, TTS_JOIN_STEPS or TTS_COUNTERS_SLOT)."""
+    _, count, per_step, step_ms, _, hidden, first_at, *slot = row
+    counters = {"steps": int(count), "requests_per_step": float(per_step), "step_ms": float(step_ms),
+                "hidden_prefill_ms_per_step": float(hidden),
+                "first_patch_at_step": float(first_at) if first_at else None}  # fmt: skip
+    if slot:
+        counters.update(slot_wait_ms_mean=float(slot[0]), service_first_audio_ms_mean=float(slot[1]))
+    return counters
+
+
 def tts_session23_figures() -> dict:
     """Issue 16, session 23, on an H100: the batched service at C = 256 and 320 (ramped clients), this tree (46684ef,
     twice) and 5485570 (before the prefill stopped encoding the prefix's zero patches) interleaved on one machine,
@@ -472,15 +492,9 @@ def tts_session23_figures() -> dict:
         counters = table[table.find("its own counters") :]
         steps = {int(r[0]): r for r in TTS_COUNTERS_FIRST_AT.findall(counters)}
         steps = steps or {int(r[0]): (*r, None) for r in TTS_JOIN_STEPS.findall(counters)}  # before "1st at"
-        for c, _, fa50, fa95, rtf50, rtf95, audio, sustained in TTS_BATCHED_ROW.findall(table):
-            _, count, per_step, step_ms, _, hidden, first_at = steps[int(c)]
-            levels.append({"concurrency": int(c), "code": code, "first_audio_ms_p50": float(fa50),
-                           "first_audio_ms_p95": float(fa95), "rtf_p50": float(rtf50), "rtf_p95": float(rtf95),
-                           "audio_s_per_s": float(audio), "sustained_audio_s_per_s": float(sustained),
-                           "steps": int(count), "requests_per_step": float(per_step), "step_ms": float(step_ms),
-                           "hidden_prefill_ms_per_step": float(hidden),
-                           "first_patch_at_step": float(first_at) if first_at else None,
-                           "source": (folder / name).relative_to(RAW).as_posix()})  # fmt: skip
+        for row in TTS_BATCHED_ROW.findall(table):
+            source = (folder / name).relative_to(RAW).as_posix()
+            levels.append({**_tts_level(row, code), **_tts_counters(steps[int(row[0])]), "source": source})
     return {"device": "H100 80GB HBM3", "preset": "voxcpm2", "levels": levels}
 
 
@@ -529,15 +543,9 @@ def tts_session24_figures() -> dict:
     table = text[text.rfind("fa = first audio") :]
     counters = {int(r[0]): r for r in TTS_COUNTERS_SLOT.findall(table[table.find("its own counters") :])}
     levels = []
-    for c, _, fa50, fa95, rtf50, rtf95, audio, sustained in TTS_BATCHED_ROW.findall(table):
-        _, count, per_step, step_ms, _, hidden, first_at, slot_ms, service_fa = counters[int(c)]
-        levels.append({"concurrency": int(c), "code": "2c8357e", "first_audio_ms_p50": float(fa50),
-                       "first_audio_ms_p95": float(fa95), "rtf_p50": float(rtf50), "rtf_p95": float(rtf95),
-                       "audio_s_per_s": float(audio), "sustained_audio_s_per_s": float(sustained),
-                       "steps": int(count), "requests_per_step": float(per_step), "step_ms": float(step_ms),
-                       "hidden_prefill_ms_per_step": float(hidden), "first_patch_at_step": float(first_at),
-                       "slot_wait_ms_mean": float(slot_ms), "service_first_audio_ms_mean": float(service_fa),
-                       "source": (folder / name).relative_to(RAW).as_posix()})  # fmt: skip
+    source = (folder / name).relative_to(RAW).as_posix()
+    for row in TTS_BATCHED_ROW.findall(table):
+        levels.append({**_tts_level(row, "2c8357e"), **_tts_counters(counters[int(row[0])]), "source": source})
     return {"device": "H100 80GB HBM3", "preset": "voxcpm2", "levels": levels}
 
 
@@ -556,16 +564,10 @@ def tts_session26_figures() -> dict:
         table = text[text.rfind("fa = first audio") :]
         counters = {int(r[0]): r for r in TTS_COUNTERS_SLOT.findall(table[table.find("its own counters") :])}
         delivery = {int(r[0]): r for r in TTS_DELIVERY.findall(table[table.find("delivery per level") :])}
-        for c, _, fa50, fa95, rtf50, rtf95, audio, sustained in TTS_BATCHED_ROW.findall(table):
-            _, count, per_step, step_ms, _, hidden, first_at, slot_ms, service_fa = counters[int(c)]
-            _, every, patch50, patch95, cpu = delivery[int(c)]
-            levels.append({"concurrency": int(c), "code": "7fc26b1", "frontends": frontends,
-                           "first_audio_ms_p50": float(fa50), "first_audio_ms_p95": float(fa95),
-                           "rtf_p50": float(rtf50), "rtf_p95": float(rtf95), "audio_s_per_s": float(audio),
-                           "sustained_audio_s_per_s": float(sustained), "steps": int(count),
-                           "requests_per_step": float(per_step), "step_ms": float(step_ms),
-                           "hidden_prefill_ms_per_step": float(hidden), "first_patch_at_step": float(first_at),
-                           "slot_wait_ms_mean": float(slot_ms), "service_first_audio_ms_mean": float(service_fa),
+        for row in TTS_BATCHED_ROW.findall(table):
+            level = _tts_level(row, "7fc26b1", frontends=frontends)
+            _, every, patch50, patch95, cpu = delivery[level["concurrency"]]
+            levels.append({**level, **_tts_counters(counters[level["concurrency"]]),
                            "ms_between_steps_over_level": float(every), "ms_per_patch_heard_p50": float(patch50),
                            "ms_per_patch_heard_p95": float(patch95), "grpc_cpu_cores": float(cpu),
                            "source": (folder / name).relative_to(RAW).as_posix()})  # fmt: skip
