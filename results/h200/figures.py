@@ -580,6 +580,34 @@ def tts_session26_figures() -> dict:
     return {"device": "H100 80GB HBM3", "preset": "voxcpm2", "levels": levels, "step_sweeps": sweeps}
 
 
+TTS_DELIVERY_STEADY = re.compile(  # the delivery table with the steady window's columns (d7b041f on)
+    r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", re.M
+)
+
+
+def tts_session27_figures() -> dict:
+    """Issue 16, session 27, on an H100: the batched service at C = 256 and 320 with four front ends, 886ae4a (the
+    channel and scheduler before ab93c50 and f9366ff) against 5eda55b on one machine, with the steady window's step
+    interval, rows and step time (the service's counters sampled every 0.25 s while every client was busy)."""
+    folder = RAW / "tts_session27"
+    levels = []
+    for name, code in (("tts_batched_base.txt", "886ae4a"), ("tts_batched_here.txt", "5eda55b")):
+        text = (folder / name).read_text()
+        table = text[text.rfind("fa = first audio") :]
+        counters = {int(r[0]): r for r in TTS_COUNTERS_SLOT.findall(table[table.find("its own counters") :])}
+        delivery = {int(r[0]): r for r in TTS_DELIVERY_STEADY.findall(table[table.find("delivery per level") :])}
+        for row in TTS_BATCHED_ROW.findall(table):
+            level = _tts_level(row, code, frontends=4)
+            _, every, patch50, patch95, cpu, steady_every, rows, steady_step = delivery[level["concurrency"]]
+            levels.append({**level, **_tts_counters(counters[level["concurrency"]]),
+                           "ms_between_steps_over_level": float(every), "ms_per_patch_heard_p50": float(patch50),
+                           "ms_per_patch_heard_p95": float(patch95), "grpc_cpu_cores": float(cpu),
+                           "steady_ms_between_steps": float(steady_every), "steady_rows_per_step": float(rows),
+                           "steady_step_ms": float(steady_step),
+                           "source": (folder / name).relative_to(RAW).as_posix()})  # fmt: skip
+    return {"device": "H100 80GB HBM3", "preset": "voxcpm2", "levels": levels}
+
+
 ASR_TEST_PAIR_SPREAD = re.compile(  # session 26's test output: the spread between two streams after the difference
     r"(?:^|\] )(\d+) ms, (\S+) vs (\S+): max \|encoder difference\| (\S+) \(two streams differ by (\S+)\), "
     r"transcripts equal (\w+)",
@@ -795,7 +823,7 @@ def llm_frontends_figures() -> dict:
     figures = {}
     # session 10's runs, then session 11's (s11_*: both engines on one step budget, named in the file)
     paths = sorted(folder.glob("llm_frontends_bench_*.txt")) + sorted(folder.glob("s1[178]_*_bench_*.txt"))
-    for path in paths + sorted(folder.glob("s2[46]_*_bench_*.txt")):
+    for path in paths + sorted(folder.glob("s2[467]_*_bench_*.txt")):
         preset, bench = _llm_bench(path)
         budget = re.search(r"_budget(\d+)", path.name)
         bench["step_budget_tokens"] = int(budget.group(1)) if budget else None
@@ -803,10 +831,14 @@ def llm_frontends_figures() -> dict:
         if path.name.startswith("s17_"):  # 6 rounds at 64 and 256, the default budget (8,192), on an H100
             bench["step_budget_tokens"] = 8192
             session = " 6 rounds at 64 and 256 (session 17, H100)"
-        if path.name.startswith(("s18_", "s24_", "s26_")):  # --client-processes 4, budget 8,192, on an H100
+        if path.name.startswith(("s18_", "s24_", "s26_", "s27_")):  # --client-processes 4, budget 8,192, on an H100
             bench["step_budget_tokens"] = 8192
             bench["client_processes"] = 4
             session = f" 4 client processes (session {path.name[1:3]}, H100)"
+            if variant := re.search(
+                r"_(pin2|nopin|si2)\.txt$", path.name
+            ):  # session 27: pinned engine core, stream interval
+                session += f", {variant.group(1)}"
         figures[f"{preset} service fe{bench['frontends']}{session}"] = bench
     for path in sorted(folder.glob("llm_frontends_vllm_serve_*.txt")) + sorted(folder.glob("s11_*_serve_*.txt")):
         preset = re.match(r"(s11_)?llm_frontends_vllm_serve_(.+?)(_cut_short)?\.txt", path.name).group(2)
@@ -1046,6 +1078,7 @@ def main() -> None:
         "tts_session23": tts_session23_figures(),
         "tts_session24": tts_session24_figures(),
         "tts_session26": tts_session26_figures(),
+        "tts_session27": tts_session27_figures(),
         "llm": llm_figures(),
         "llm_frontends": llm_frontends_figures(),
         "main_job": main_job_figures(),
