@@ -345,6 +345,7 @@ def counters(url: str) -> dict[str, float]:
         "voiceagent_tts_step_requests_sum", "voiceagent_tts_step_requests_count",
         "voiceagent_tts_step_seconds_sum", "voiceagent_tts_prefill_seconds_sum",
         "voiceagent_tts_hidden_prefill_seconds_sum",
+        "voiceagent_tts_step_launch_seconds_sum", "voiceagent_tts_step_pass_wait_seconds_sum",
         "voiceagent_tts_first_patch_steps_sum", "voiceagent_tts_first_patch_steps_count",
         "voiceagent_tts_model_flops_total", "voiceagent_tts_model_read_bytes_total",
         "voiceagent_tts_queue_seconds_sum", "voiceagent_tts_queue_seconds_count",
@@ -438,7 +439,9 @@ def delivery(
     patches). The level's wall over its steps averages in the ramp and the tail (fewer rows, faster steps); `steady`
     (CounterTrace.between over the level's window) gives the steady state's ms between steps, rows per step and ms
     per step (launch to done), the step interval a client's patches are to be read against (session 26: 97.7 ms over
-    the level, while the clients heard a patch every 127.6 ms)."""
+    the level, while the clients heard a patch every 127.6 ms), and of the step's ms its launch's host time and its
+    wait for a prefill pass beside it once the device was done (on a GPU the rest is the device's; on a CPU the step
+    is done at launch)."""
     steps = (after["voiceagent_tts_step_requests_count"] - before["voiceagent_tts_step_requests_count"]) or 1
     cpu = cpu_s / level.wall_s
     per_patch = [
@@ -453,15 +456,23 @@ def delivery(
         seconds, first, last = steady
         stepped = last["voiceagent_tts_step_requests_count"] - first["voiceagent_tts_step_requests_count"]
     if not stepped:
-        return line + f"{'-':>14}{'-':>8}{'-':>9}"
-    rows = last["voiceagent_tts_step_requests_sum"] - first["voiceagent_tts_step_requests_sum"]
-    step_s = last["voiceagent_tts_step_seconds_sum"] - first["voiceagent_tts_step_seconds_sum"]
-    return line + f"{1000 * seconds / stepped:>14.1f}{rows / stepped:>8.1f}{1000 * step_s / stepped:>9.1f}"
+        return line + f"{'-':>14}{'-':>8}{'-':>9}{'-':>10}{'-':>11}"
+
+    def per_step(name: str) -> float:
+        return (last[name] - first[name]) / stepped
+
+    rows = per_step("voiceagent_tts_step_requests_sum")
+    step_ms, launch_ms = (
+        1000 * per_step("voiceagent_tts_step_seconds_sum"),
+        1000 * per_step("voiceagent_tts_step_launch_seconds_sum"),
+    )
+    wait_ms = 1000 * per_step("voiceagent_tts_step_pass_wait_seconds_sum")
+    return line + f"{1000 * seconds / stepped:>14.1f}{rows:>8.1f}{step_ms:>9.1f}{launch_ms:>10.2f}{wait_ms:>11.2f}"
 
 
 DELIVERY_HEADER = (
     f"{'C':>5}{'step every':>12}{'patch p50':>12}{'patch p95':>12}{'gRPC CPU':>12}"
-    f"{'steady every':>14}{'rows':>8}{'step ms':>9}"
+    f"{'steady every':>14}{'rows':>8}{'step ms':>9}{'launch ms':>10}{'pass wait':>11}"
 )
 
 

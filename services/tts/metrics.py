@@ -74,6 +74,16 @@ class TtsMetrics:
         self.step_seconds = Histogram(
             f"{PREFIX}_step_seconds", "Wall time of one batched engine step", buckets=LATENCY_BUCKETS_S
         )
+        self.step_launch_seconds = Histogram(
+            f"{PREFIX}_step_launch_seconds",
+            "Host time of a batched step's launch (inputs into the graph's buffers, the replay issued), of its wall",
+            buckets=LATENCY_BUCKETS_S,
+        )
+        self.step_pass_wait_seconds = Histogram(
+            f"{PREFIX}_step_pass_wait_seconds",
+            "Time a batched step waited, once the device was done, for a prefill pass started beside it, of its wall",
+            buckets=LATENCY_BUCKETS_S,
+        )
         self.prefill_seconds = Histogram(
             f"{PREFIX}_prefill_seconds",
             "Prefill work done between two batched steps (the running requests wait for it)",

@@ -77,6 +77,9 @@ def test_a_level_against_the_service_has_a_window_inside_its_wall_time():
     steady_every, rows, step_ms = float(delivered[5]), float(delivered[6]), float(delivered[7])
     assert 0.5 * steady_every <= patch_p50 <= 2 * steady_every
     assert 1 <= rows <= 3 and 0 < step_ms <= steady_every
+    # of the step's time: its launch (on a CPU the step is done at launch: most of it) and its wait for a prefill pass
+    launch_ms, pass_wait_ms = float(delivered[8]), float(delivered[9])
+    assert 0.5 * step_ms <= launch_ms <= step_ms and 0 <= pass_wait_ms <= step_ms - launch_ms + 0.01
     # clients in two processes, ramped: every client's requests come back, the steady-state percentiles count the
     # requests started after the ramp (each client's second), the aggregate counts all of them
     assert len(spread.chunks) > 0 and len(spread.runs) >= 4

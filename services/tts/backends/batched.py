@@ -185,6 +185,8 @@ class BatchedBackend:
         self.metrics.batch_requests.observe(step.requests)
         self.metrics.step_batch.set(step.requests if self._busy else 0)  # a step reported after the last left
         self.metrics.step_seconds.observe(step.seconds)
+        self.metrics.step_launch_seconds.observe(step.launch_seconds)
+        self.metrics.step_pass_wait_seconds.observe(step.pass_wait_seconds)
         if step.prefill_seconds:
             self.metrics.prefill_seconds.observe(step.prefill_seconds)
         if step.hidden_prefill_seconds:

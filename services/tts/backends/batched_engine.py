@@ -141,8 +141,10 @@ class Failed:
 
 @dataclasses.dataclass(frozen=True)
 class Stepped:
-    """One batched step: how many requests it advanced, its wall time, its model work, the prefill time before
-    it (which the running requests waited for) and the prefill launched while it ran on the device (hidden)."""
+    """One batched step: how many requests it advanced, its wall time (launch to done), its model work, the prefill
+    time before it (which the running requests waited for) and the prefill launched while it ran on the device
+    (hidden). Of its wall time: the launch's host time (inputs into the graph's buffers, the replay issued), and the
+    wait, after the device was done, for a prefill pass started beside it; the rest is the device's."""
 
     requests: int
     seconds: float
@@ -150,6 +152,8 @@ class Stepped:
     read_bytes: float
     prefill_seconds: float
     hidden_prefill_seconds: float = 0.0
+    launch_seconds: float = 0.0
+    pass_wait_seconds: float = 0.0
 
 
 # -- the engine process ------------------------------------------------------------------------------------
@@ -187,6 +191,7 @@ class _Scheduler:
         self.prefilling: asyncio.Task | None = None  # a prefill pass beside the running steps (CUDA)
         self.next_pass = 0.0  # when the next such pass may start
         self.hidden_s = 0.0  # host seconds of those passes since the last step was reported
+        self.pass_wait_s = 0.0  # the step in flight's wait for a pass, once the device was done
 
     def dispatch(self, message, channel: int = 0) -> None:
         import torch
@@ -362,7 +367,9 @@ class _Scheduler:
         finally:
             await done  # the step's outputs are read only once the device is done with it
             if self.prefilling is not None:  # its requests join the next launch; a pass never outlasts a step by
-                await self.prefilling  # more than its own host time (across boundaries, joins lagged: README §3f)
+                waited = time.perf_counter()  # more than its own host time (results/h200 README §3f)
+                await self.prefilling
+                self.pass_wait_s = time.perf_counter() - waited
 
     async def _step(self, batch: list[_Request], prefill_s: float) -> None:
         import torch
@@ -371,10 +378,12 @@ class _Scheduler:
         timesteps = [r.join.timesteps for r in batch]
         noise = torch.stack([r.noise if r.noise is not None else self.engine.noise(r.generator) for r in batch])
         started = time.perf_counter()
+        self.pass_wait_s = 0.0
         try:
             pending = await asyncio.to_thread(
                 self.engine.launch, slots, timesteps, [r.join.cfg_value for r in batch], noise
             )
+            launch_s = time.perf_counter() - started
             for request in batch:  # the next patch's noise while the device runs this one (~10 us a row on the host);
                 request.noise = self.engine.noise(request.generator)  # its draws stay in order, whatever the batch
             await self._prefill_while_stepping(pending)
@@ -389,7 +398,11 @@ class _Scheduler:
         self.last_step_s = time.perf_counter() - started
         self.steps += 1
         flops, read_bytes = self.work.per_step([r.context for r in batch], timesteps)
-        self.channels[0].send(Stepped(len(batch), self.last_step_s, flops, read_bytes, prefill_s, self.hidden_s))
+        self.channels[0].send(
+            Stepped(
+                len(batch), self.last_step_s, flops, read_bytes, prefill_s, self.hidden_s, launch_s, self.pass_wait_s
+            )  # fmt: skip
+        )
         self.hidden_s = 0.0
         rows: dict[int, tuple[list[int], list]] = {}  # per channel: the step's rows and their entries
         done = []
