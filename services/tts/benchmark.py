@@ -462,10 +462,8 @@ def delivery(
         return (last[name] - first[name]) / stepped
 
     rows = per_step("voiceagent_tts_step_requests_sum")
-    step_ms, launch_ms = (
-        1000 * per_step("voiceagent_tts_step_seconds_sum"),
-        1000 * per_step("voiceagent_tts_step_launch_seconds_sum"),
-    )
+    step_ms = 1000 * per_step("voiceagent_tts_step_seconds_sum")
+    launch_ms = 1000 * per_step("voiceagent_tts_step_launch_seconds_sum")
     wait_ms = 1000 * per_step("voiceagent_tts_step_pass_wait_seconds_sum")
     return line + f"{1000 * seconds / stepped:>14.1f}{rows:>8.1f}{step_ms:>9.1f}{launch_ms:>10.2f}{wait_ms:>11.2f}"
 

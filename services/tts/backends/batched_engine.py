@@ -398,11 +398,10 @@ class _Scheduler:
         self.last_step_s = time.perf_counter() - started
         self.steps += 1
         flops, read_bytes = self.work.per_step([r.context for r in batch], timesteps)
-        self.channels[0].send(
-            Stepped(
-                len(batch), self.last_step_s, flops, read_bytes, prefill_s, self.hidden_s, launch_s, self.pass_wait_s
-            )  # fmt: skip
+        step = Stepped(
+            len(batch), self.last_step_s, flops, read_bytes, prefill_s, self.hidden_s, launch_s, self.pass_wait_s
         )
+        self.channels[0].send(step)
         self.hidden_s = 0.0
         rows: dict[int, tuple[list[int], list]] = {}  # per channel: the step's rows and their entries
         done = []
